@@ -1,0 +1,1 @@
+"""GPU profiles (YAML), shipped as package data of simulator.gpu_profiles."""

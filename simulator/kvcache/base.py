@@ -1,0 +1,44 @@
+"""The KVCacheManager protocol and the allocator registry."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from simulator.registry import Registry
+from simulator.request import Request
+
+
+class KVCacheManager(Protocol):
+    name: str
+    block_size: int  # allocation granularity in tokens (1 for contiguous)
+    total_slots: int  # token slots the pool holds
+
+    def max_request_slots(self, req: Request) -> int:
+        """Slots this request would occupy at its final size (reservation or blocks)."""
+        ...
+
+    def get_computed_tokens(self, req: Request) -> int: ...
+
+    def allocate_slots(self, req: Request, num_new_tokens: int,
+                       num_computed_tokens: int) -> int | None: ...
+
+    def free(self, req: Request) -> None: ...
+
+    def can_fit(self, token_counts: list[int]) -> bool: ...
+
+    @property
+    def used_slots(self) -> int:
+        """Slots currently allocated or reserved (what vLLM's usage gauge counts)."""
+        ...
+
+    @property
+    def usage(self) -> float:
+        """vLLM's kv_cache_usage: share of the pool not free."""
+        ...
+
+
+ALLOCATORS: Registry = Registry("kv_allocator")
+
+
+def build_allocator(name: str, **kwargs) -> KVCacheManager:
+    return ALLOCATORS.get(name)(**kwargs)

@@ -1,0 +1,143 @@
+"""Build a simulation from a SimConfig, run it, write its outputs.
+
+Outputs in the run directory:
+- summary.json     the run summary (metrics.py documents every field), sorted keys
+- requests.parquet one row per request (finished and rejected)
+- iterations.parquet one row per engine step
+- config.yaml      the resolved configuration (every default filled in)
+Same config + seed => byte-identical files: no wall clock and no global RNG reach them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import simpy
+import yaml
+
+from simulator import __version__
+from simulator.config import ResolvedEngine, SimConfig, resolve_engine
+from simulator.costmodel import CostModel
+from simulator.gpus import GpuSpec, get_gpu
+from simulator.kvcache import build_allocator
+from simulator.memory import MemoryPlan, plan_memory
+from simulator.metrics import MetricsRecorder, clean_floats, summarize
+from simulator.models import ModelSpec, get_model
+from simulator.replica import Replica, feed_arrivals
+from simulator.schedulers import BATCHING_MODES, QUEUE_POLICIES, Scheduler
+from simulator.workload import RequestArrays, generate
+
+
+@dataclass
+class Setup:
+    config: SimConfig
+    model: ModelSpec
+    gpu: GpuSpec
+    engine: ResolvedEngine
+    memory: MemoryPlan
+    cost: CostModel
+
+    def lines(self) -> list[str]:
+        e = self.engine
+        return [
+            f"model {self.model.name} on {self.gpu.name} x tp={e.tensor_parallel_size}; "
+            f"{self.config.engine.kv_allocator} KV, {self.config.engine.scheduler} batching, "
+            f"max_num_seqs {e.max_num_seqs}, max_num_batched_tokens {e.max_num_batched_tokens}, "
+            f"max_model_len {e.max_model_len}",
+            *self.memory.lines(e.max_model_len),
+            self.cost.describe(),
+        ]
+
+    def resolved_dict(self) -> dict[str, Any]:
+        d = self.config.to_dict()
+        d["resolved_engine"] = asdict(self.engine)
+        d["num_gpu_blocks"] = self.memory.num_gpu_blocks
+        d["kvsim_version"] = __version__
+        return d
+
+
+def setup(config: SimConfig) -> Setup:
+    # Names are validated before any memory math so that a typo is the first error shown.
+    model = get_model(config.model)
+    gpu = get_gpu(config.gpu)
+    BATCHING_MODES.get(config.engine.scheduler)
+    QUEUE_POLICIES.get(config.engine.queue_policy)
+    from simulator.kvcache import ALLOCATORS
+    ALLOCATORS.get(config.engine.kv_allocator)
+    engine = resolve_engine(config.engine, gpu, model.max_position_embeddings)
+    memory = plan_memory(model, gpu, tp=engine.tensor_parallel_size, block_size=engine.block_size,
+                         gpu_memory_utilization=engine.gpu_memory_utilization,
+                         max_num_batched_tokens=engine.max_num_batched_tokens,
+                         max_num_seqs=engine.max_num_seqs, max_model_len=engine.max_model_len,
+                         activation_reserve_gib=config.engine.activation_reserve_gib)
+    cost = CostModel(model, gpu, engine.tensor_parallel_size, engine.max_num_batched_tokens)
+    return Setup(config, model, gpu, engine, memory, cost)
+
+
+@dataclass
+class Result:
+    setup: Setup
+    summary: dict[str, Any]
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+    wall_s: float = field(default=0.0)  # informational only, never written to outputs
+
+    def write(self, out_dir: str | Path) -> Path:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(
+            json.dumps(clean_floats(self.summary), indent=2, sort_keys=True) + "\n")
+        (out / "config.yaml").write_text(yaml.safe_dump(self.setup.resolved_dict(), sort_keys=True))
+        self.requests.to_parquet(out / "requests.parquet", index=False)
+        self.iterations.to_parquet(out / "iterations.parquet", index=False)
+        return out
+
+
+def run(config: SimConfig, workload: RequestArrays | None = None, *, progress=None,
+        vectorized: bool = True) -> Result:
+    """Steps: 1. setup (names, memory, cost); 2. workload from the seed; 3. SimPy run until
+    every arrival has finished or been rejected; 4. summary."""
+    s = setup(config)
+    e = s.engine
+    seeds = np.random.SeedSequence(config.seed).spawn(2)
+    if workload is None:
+        workload = generate(config.workload, seeds[0])
+    if config.engine.kv_allocator == "paged":
+        kv = build_allocator("paged", num_blocks=s.memory.num_gpu_blocks + 1,
+                             block_size=e.block_size)
+    else:
+        kv = build_allocator(config.engine.kv_allocator,
+                             total_slots=s.memory.kv_budget_bytes // s.memory.kv_bytes_per_token,
+                             reserve=config.engine.contiguous_reserve, max_model_len=e.max_model_len)
+    recorder = MetricsRecorder(kv.total_slots)
+    scheduler = Scheduler(kv, QUEUE_POLICIES.get(config.engine.queue_policy)(),
+                          BATCHING_MODES.get(config.engine.scheduler)(),
+                          max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
+                          recorder=recorder)
+    scheduler.vectorized = vectorized
+    env = simpy.Environment()
+    tick = None
+    if progress is not None:
+        total = len(workload)
+
+        def tick() -> None:
+            progress(len(recorder.requests), total)
+    replica = Replica(env, scheduler, s.cost, recorder, e.max_model_len, on_iteration=tick)
+    env.process(feed_arrivals(env, workload, replica))
+    t0 = time.perf_counter()
+    env.run()
+    wall = time.perf_counter() - t0
+    summary = summarize(recorder, replica.num_arrived)
+    summary["config"] = {"model": s.model.name, "gpu": s.gpu.name,
+                         "tensor_parallel_size": e.tensor_parallel_size,
+                         "kv_allocator": config.engine.kv_allocator,
+                         "scheduler": config.engine.scheduler, "seed": config.seed,
+                         "num_gpu_blocks": s.memory.num_gpu_blocks, "block_size": e.block_size,
+                         "cost_model_calibrated": s.cost.calibrated}
+    return Result(s, summary, recorder.requests_frame(), recorder.iterations_frame(), wall)

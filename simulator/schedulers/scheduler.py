@@ -1,0 +1,280 @@
+"""The step scheduler (vLLM v1 semantics) and its running batch kept as numpy columns.
+
+One step (`schedule`), mirroring vLLM v1's `Scheduler.schedule`:
+1. The batching mode may form a batch (static batching only).
+2. Running requests, in order, each get min(remaining tokens, budget) tokens while the token
+   budget lasts. A request whose new tokens do not fit in its KV slots asks the manager; on
+   None the queue policy picks a victim, which is preempted (recompute: its KV freed, its
+   computed tokens reset, back at the front of the waiting queue) and the allocation retried.
+   If the victim is the request itself, running-request scheduling stops.
+3. Unless something was preempted this step, waiting requests are admitted in queue order
+   while budget > 0, running < max_num_seqs and the manager finds room (prefix hits first);
+   the first one that does not fit stops admission (head-of-line, as vLLM).
+`commit` then applies the step: computed tokens advance; a request that reached its
+num_tokens samples one output token (first token, inter-token gap, finish).
+
+Step 2 is evaluated with numpy over the whole running batch: budget cut-off by cumulative
+sum, and only requests that outgrow their KV slots touch the manager, in order. On the first
+allocation failure it falls back to the plain sequential loop from that request on; both paths
+make identical decisions (tests/test_scheduler.py checks this).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.costmodel import StepShape
+from simulator.request import Request, Status
+
+
+class RunningBatch:
+    """The running requests in order, with their hot counters as numpy columns.
+
+    While a request runs, these columns are the truth for its counters; they are written
+    back to the Request object when it leaves (preemption or finish).
+    """
+
+    COLUMNS = ("computed", "tokens", "num_out", "target_out", "capacity", "n")
+
+    def __init__(self, max_num_seqs: int) -> None:
+        self.reqs: list[Request] = []
+        for name in self.COLUMNS:
+            setattr(self, name, np.zeros(max_num_seqs, np.int64))
+        self.last_token = np.zeros(max_num_seqs, np.float64)
+
+    @property
+    def m(self) -> int:
+        return len(self.reqs)
+
+    def append(self, req: Request, num_computed: int, capacity: int) -> int:
+        i = len(self.reqs)
+        self.reqs.append(req)
+        self.computed[i] = num_computed
+        self.tokens[i] = req.num_tokens
+        self.num_out[i] = req.num_output_tokens
+        self.target_out[i] = req.output_tokens
+        self.capacity[i] = capacity
+        self.n[i] = 0
+        self.last_token[i] = req.last_token_s
+        req.slot = i
+        return i
+
+    def write_back(self, i: int) -> Request:
+        req = self.reqs[i]
+        req.num_computed_tokens = int(self.computed[i])
+        req.num_output_tokens = int(self.num_out[i])
+        req.last_token_s = float(self.last_token[i])
+        return req
+
+    def remove(self, i: int) -> None:
+        m = len(self.reqs)
+        for name in self.COLUMNS:
+            col = getattr(self, name)
+            col[i:m - 1] = col[i + 1:m]
+        self.last_token[i:m - 1] = self.last_token[i + 1:m]
+        self.reqs.pop(i)
+
+    def compress(self, keep: np.ndarray) -> None:
+        m = len(self.reqs)
+        k = int(keep.sum())
+        for name in self.COLUMNS:
+            col = getattr(self, name)
+            col[:k] = col[:m][keep]
+        self.last_token[:k] = self.last_token[:m][keep]
+        self.reqs = [r for r, kept in zip(self.reqs, keep.tolist()) if kept]
+
+
+@dataclass(slots=True)
+class Batch:
+    """What one step runs, summarised for the cost model and the metrics."""
+
+    shape: StepShape
+    num_seqs: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_preempted: int
+    num_admitted: int
+
+
+class Scheduler:
+    def __init__(self, kv, queue, batching, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 recorder=None) -> None:
+        self.kv = kv
+        self.queue = queue
+        self.batching = batching
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.running = RunningBatch(max_num_seqs)
+        self.recorder = recorder
+        self.num_preemptions = 0
+        self.vectorized = True  # False: the sequential reference loop only (tests)
+
+    # --- queue side ----------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        req.status = Status.WAITING
+        self.queue.push(req)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running.m or len(self.queue))
+
+    def admit(self, req: Request, num_computed: int, capacity: int, now: float) -> int:
+        slot = self.running.append(req, num_computed, capacity)
+        req.status = Status.RUNNING
+        if req.first_scheduled_s < 0:
+            req.first_scheduled_s = now
+        if req.num_cached_tokens < 0:
+            req.num_cached_tokens = num_computed
+        return slot
+
+    def _preempt(self, i: int, now: float) -> Request:
+        req = self.running.write_back(i)
+        self.kv.free(req, now)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.status = Status.PREEMPTED
+        self.running.remove(i)
+        self.queue.prepend(req)
+        self.num_preemptions += 1
+        return req
+
+    # --- one step ------------------------------------------------------------------------
+    def schedule(self, now: float) -> Batch:
+        rb = self.running
+        self.batching.form_batch(self, now)
+        if self.vectorized:
+            budget, preempted = self._schedule_running_vectorized(now)
+        else:
+            rb.n[:rb.m] = 0
+            budget, preempted = self._schedule_running_sequential(0, self.max_num_batched_tokens, now)
+        admitted = 0
+        if not preempted and self.batching.admits_waiting:
+            admitted = self._admit_waiting(budget, now)
+        return self._summarise(len(preempted), admitted)
+
+    def _schedule_running_vectorized(self, now: float) -> tuple[int, list[Request]]:
+        rb = self.running
+        m = rb.m
+        budget = self.max_num_batched_tokens
+        rb.n[:m] = 0
+        if m == 0:
+            return budget, []
+        want = rb.tokens[:m] - rb.computed[:m]
+        cum = np.cumsum(want)
+        cum_before = cum - want
+        count = int(np.searchsorted(cum_before, budget, side="left"))  # those with budget left
+        n = rb.n
+        n[:count] = want[:count]
+        if cum[count - 1] > budget:
+            n[count - 1] = budget - cum_before[count - 1]
+        needers = np.flatnonzero(rb.computed[:count] + n[:count] > rb.capacity[:count])
+        for i in needers.tolist():
+            cap = self.kv.allocate_slots(rb.reqs[i], int(n[i]), int(rb.computed[i]))
+            if cap is None:
+                n[i:m] = 0
+                return self._schedule_running_sequential(i, budget - int(cum_before[i]), now)
+            rb.capacity[i] = cap
+        return budget - int(n[:count].sum()), []
+
+    def _schedule_running_sequential(self, i: int, budget: int, now: float) -> tuple[int, list[Request]]:
+        """The reference loop (vLLM v1), from running index i with `budget` tokens left."""
+        rb = self.running
+        preempted: list[Request] = []
+        while i < rb.m and budget > 0:
+            req = rb.reqs[i]
+            num_new = min(int(rb.tokens[i] - rb.computed[i]), budget)
+            cap: int | None = int(rb.capacity[i])
+            if rb.computed[i] + num_new > cap:
+                while True:
+                    cap = self.kv.allocate_slots(req, num_new, int(rb.computed[i]))
+                    if cap is not None:
+                        break
+                    v = self.queue.pick_victim(rb.reqs)
+                    budget += int(rb.n[v])  # a victim already scheduled gives its tokens back
+                    victim = self._preempt(v, now)
+                    preempted.append(victim)
+                    if victim is req:
+                        break
+                    if v < i:
+                        i -= 1
+            if cap is None:
+                break
+            rb.capacity[i] = cap
+            rb.n[i] = num_new
+            budget -= num_new
+            i += 1
+        return budget, preempted
+
+    def _admit_waiting(self, budget: int, now: float) -> int:
+        admitted = 0
+        while len(self.queue) and budget > 0 and self.running.m < self.max_num_seqs:
+            req = self.queue.peek()
+            hit = self.kv.get_computed_tokens(req)
+            num_new = min(req.num_tokens - hit, budget)
+            cap = self.kv.allocate_slots(req, num_new, hit)
+            if cap is None:
+                break
+            self.queue.pop()
+            slot = self.admit(req, hit, cap, now)
+            self.running.n[slot] = num_new
+            budget -= num_new
+            admitted += 1
+        return admitted
+
+    def _summarise(self, num_preempted: int, num_admitted: int) -> Batch:
+        rb = self.running
+        m = rb.m
+        n = rb.n[:m]
+        c = rb.computed[:m]
+        reach = c + n
+        scheduled = n > 0
+        sampled = scheduled & (reach >= rb.tokens[:m])
+        decodes = int(np.count_nonzero(sampled & (n == 1) & (rb.num_out[:m] > 0)))
+        t = int(n.sum())
+        shape = StepShape(
+            num_tokens=t,
+            num_sampled=int(np.count_nonzero(sampled)),
+            attn_pairs=float(n @ c) + float(n @ (n + 1)) / 2.0,
+            kv_tokens=int(reach @ scheduled),
+        )
+        return Batch(shape, int(np.count_nonzero(scheduled)), t - decodes, decodes,
+                     num_preempted, num_admitted)
+
+    def commit(self, now: float) -> list[Request]:
+        """Apply the step that just ran: advance tokens, sample, finish. Returns finished."""
+        rb = self.running
+        m = rb.m
+        n = rb.n[:m]
+        rb.computed[:m] += n
+        sampled = (n > 0) & (rb.computed[:m] >= rb.tokens[:m])
+        rb.tokens[:m] += sampled
+        rb.num_out[:m] += sampled
+        out = rb.num_out[:m]
+        last = rb.last_token[:m]
+        rec = self.recorder
+        if rec is not None:
+            gaps = sampled & (out > 1)
+            if gaps.any():
+                rec.add_token_gaps(now - last[gaps])
+        for i in np.flatnonzero(sampled & (out == 1)).tolist():
+            rb.reqs[i].first_token_s = now
+        last[sampled] = now
+        done = sampled & (out >= rb.target_out[:m])
+        finished: list[Request] = []
+        if done.any():
+            for i in np.flatnonzero(done).tolist():
+                req = rb.write_back(i)
+                req.finish_s = now
+                req.status = Status.FINISHED
+                self.kv.free(req, now)
+                finished.append(req)
+            rb.compress(~done)
+        rb.n[:rb.m] = 0
+        return finished
+
+    @property
+    def tokens_stored(self) -> int:
+        """KV token states held by running requests (computed tokens)."""
+        return int(self.running.computed[:self.running.m].sum())

@@ -1,0 +1,1 @@
+"""Workload YAMLs and small generated sample traces, shipped as simulator.workloads."""
