@@ -61,7 +61,6 @@ class SimConfig:
     seed: int = 0
     engine: EngineConfig = field(default_factory=EngineConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
-    fast_forward: bool = True  # advance pure-decode stretches in one go (same results)
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:

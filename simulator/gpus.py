@@ -37,9 +37,11 @@ class GpuSpec:
         for f in ("memory_gib", "hbm_bandwidth_gbps", "host_link_gbps"):
             v = getattr(self, f)
             if not (isinstance(v, (int, float)) and v > 0):
-                raise ConfigError(f"GPU profile {self.name!r} ({self.source_file}): {f} must be > 0, got {v!r}")
+                raise ConfigError(
+                    f"GPU profile {self.name!r} ({self.source_file}): {f} must be > 0, got {v!r}")
         if not self.peak_tflops or any(v <= 0 for v in self.peak_tflops.values()):
-            raise ConfigError(f"GPU profile {self.name!r}: peak_tflops must map dtypes to positive numbers")
+            raise ConfigError(
+                f"GPU profile {self.name!r}: peak_tflops must map dtypes to positive numbers")
 
     @property
     def memory_bytes(self) -> int:

@@ -87,6 +87,7 @@ class Result:
     requests: pd.DataFrame
     iterations: pd.DataFrame
     wall_s: float = field(default=0.0)  # informational only, never written to outputs
+    scheduler: Scheduler | None = field(default=None, repr=False)  # final state, for inspection
 
     def write(self, out_dir: str | Path) -> Path:
         out = Path(out_dir)
@@ -140,4 +141,4 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *, progress=No
                          "scheduler": config.engine.scheduler, "seed": config.seed,
                          "num_gpu_blocks": s.memory.num_gpu_blocks, "block_size": e.block_size,
                          "cost_model_calibrated": s.cost.calibrated}
-    return Result(s, summary, recorder.requests_frame(), recorder.iterations_frame(), wall)
+    return Result(s, summary, recorder.requests_frame(), recorder.iterations_frame(), wall, scheduler)

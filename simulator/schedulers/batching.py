@@ -25,19 +25,19 @@ BATCHING_MODES: Registry = Registry("scheduler")
 class Continuous:
     admits_waiting = True
 
-    def form_batch(self, sched: Scheduler, now: float) -> None:
-        return None
+    def form_batch(self, sched: Scheduler, now: float) -> int:
+        return 0
 
 
 @BATCHING_MODES.register("static")
 class Static:
     admits_waiting = False
 
-    def form_batch(self, sched: Scheduler, now: float) -> None:
+    def form_batch(self, sched: Scheduler, now: float) -> int:
         """1. only when nothing runs; 2. take queue heads while max_num_seqs and the sum of
         their final KV sizes allow; 3. they enter running with nothing computed yet."""
         if sched.running.m or not len(sched.queue):
-            return
+            return 0
         sizes: list[int] = []
         while len(sched.queue) and len(sizes) < sched.max_num_seqs:
             req = sched.queue.peek()
@@ -46,3 +46,4 @@ class Static:
                 break
             sizes.append(size)
             sched.admit(sched.queue.pop(), num_computed=0, capacity=0, now=now)
+        return len(sizes)

@@ -109,6 +109,7 @@ class Scheduler:
         self.running = RunningBatch(max_num_seqs)
         self.recorder = recorder
         self.num_preemptions = 0
+        self.last_preempted: list[Request] = []  # victims of the latest step, in order
         self.vectorized = True  # False: the sequential reference loop only (tests)
 
     # --- queue side ----------------------------------------------------------------------
@@ -143,15 +144,16 @@ class Scheduler:
     # --- one step ------------------------------------------------------------------------
     def schedule(self, now: float) -> Batch:
         rb = self.running
-        self.batching.form_batch(self, now)
+        formed = self.batching.form_batch(self, now)
         if self.vectorized:
             budget, preempted = self._schedule_running_vectorized(now)
         else:
             rb.n[:rb.m] = 0
             budget, preempted = self._schedule_running_sequential(0, self.max_num_batched_tokens, now)
-        admitted = 0
+        self.last_preempted = preempted
+        admitted = formed
         if not preempted and self.batching.admits_waiting:
-            admitted = self._admit_waiting(budget, now)
+            admitted += self._admit_waiting(budget, now)
         return self._summarise(len(preempted), admitted)
 
     def _schedule_running_vectorized(self, now: float) -> tuple[int, list[Request]]:
@@ -273,6 +275,11 @@ class Scheduler:
             rb.compress(~done)
         rb.n[:rb.m] = 0
         return finished
+
+    def scheduled(self) -> dict[int, int]:
+        """{req_id: tokens} of the step just scheduled, in running order (tests, traces)."""
+        rb = self.running
+        return {r.req_id: int(n) for r, n in zip(rb.reqs, rb.n[: rb.m].tolist()) if n}
 
     @property
     def tokens_stored(self) -> int:

@@ -1,0 +1,42 @@
+"""Small builders shared by tests: a scheduler on a tiny paged pool, driven step by step."""
+
+from __future__ import annotations
+
+from simulator.kvcache import ContiguousAllocator, PagedAllocator
+from simulator.request import Request
+from simulator.schedulers import BATCHING_MODES, QUEUE_POLICIES, Scheduler
+
+
+def make_scheduler(num_blocks=7, block_size=4, budget=8, max_num_seqs=4, batching="continuous",
+                   policy="fcfs", vectorized=True, contiguous=None, total_slots=0, max_model_len=0):
+    if contiguous:
+        kv = ContiguousAllocator(total_slots, reserve=contiguous, max_model_len=max_model_len)
+    else:
+        kv = PagedAllocator(num_blocks=num_blocks, block_size=block_size)
+    sched = Scheduler(kv, QUEUE_POLICIES.get(policy)(), BATCHING_MODES.get(batching)(),
+                      max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+    sched.vectorized = vectorized
+    return sched
+
+
+def drive(sched, arrivals: dict[int, list[tuple[int, int]]], max_steps=10_000):
+    """Run steps; `arrivals[step]` = [(prompt, output), ...] added before that step.
+    Returns the log: one (step, {req_id: tokens}, [preempted ids], [finished ids]) per step."""
+    log, next_id, step = [], 0, 0
+    pending = dict(arrivals)
+    while step < max_steps:
+        for prompt, output in pending.pop(step, []):
+            sched.add_request(Request(next_id, float(step), prompt, output))
+            next_id += 1
+        if not sched.has_work:
+            if not pending:
+                break
+            step += 1
+            continue
+        sched.schedule(float(step))
+        scheduled = sched.scheduled()
+        preempted = [r.req_id for r in sched.last_preempted]
+        finished = [r.req_id for r in sched.commit(float(step) + 1.0)]
+        log.append((step, scheduled, preempted, finished))
+        step += 1
+    return log

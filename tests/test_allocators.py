@@ -1,0 +1,107 @@
+"""KV allocators: unit cases and a hypothesis state machine over allocate / free."""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from simulator.kvcache import ContiguousAllocator, PagedAllocator
+from simulator.request import Request
+
+
+def req(i, prompt=10, out=5):
+    return Request(i, 0.0, prompt, out)
+
+
+def test_paged_allocates_ceil_blocks_and_frees_tail_first():
+    kv = PagedAllocator(num_blocks=9, block_size=4)
+    r = req(0)
+    assert kv.allocate_slots(r, 9, 0) == 12  # 3 blocks
+    assert kv.req_to_blocks[0] == [1, 2, 3]
+    assert kv.allocate_slots(r, 3, 9) == 12  # fits in held blocks
+    assert kv.allocate_slots(r, 1, 12) == 16
+    assert kv.usage == 4 / 8
+    kv.free(r)
+    # freed in reverse: the request's last block is reused first... after the untouched ones
+    assert list(kv.pool.free_queue._q) == [5, 6, 7, 8, 4, 3, 2, 1]
+    assert kv.usage == 0
+
+
+def test_paged_returns_none_when_full():
+    kv = PagedAllocator(num_blocks=3, block_size=4)
+    assert kv.allocate_slots(req(0), 8, 0) == 8
+    assert kv.allocate_slots(req(1), 1, 0) is None
+    assert kv.pool.num_free_blocks == 0
+
+
+def test_contiguous_first_fit_and_merge():
+    kv = ContiguousAllocator(100, reserve="oracle")
+    a, b, c = req(0, 20, 10), req(1, 30, 10), req(2, 10, 10)
+    assert kv.allocate_slots(a, 20, 0) == 30
+    assert kv.allocate_slots(b, 30, 0) == 40
+    assert kv.allocate_slots(c, 10, 0) == 20  # regions [0,30) [30,70) [70,90), hole [90,100)
+    kv.free(b)
+    assert kv.allocate_slots(req(3, 45, 1), 45, 0) is None  # 50 free, largest hole 40
+    kv.free(a)  # [0,70) merges
+    assert kv.largest_hole == 70
+    kv.free(c)
+    assert (kv._starts, kv._lengths, kv.used_slots) == ([0], [100], 0)
+
+
+def test_contiguous_reserve_modes():
+    r = req(0, 100, 30)  # 130 tokens
+    assert ContiguousAllocator(10_000, "max_model_len", 2048).max_request_slots(r) == 2048
+    assert ContiguousAllocator(10_000, "pow2").max_request_slots(r) == 256
+    assert ContiguousAllocator(10_000, "oracle").max_request_slots(r) == 130
+
+
+class PagedMachine(RuleBasedStateMachine):
+    """Blocks are conserved: free + held (by ref) == pool, tables never point at free blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.kv = PagedAllocator(num_blocks=17, block_size=4)
+        self.tokens: dict[int, int] = {}
+        self.next_id = 0
+
+    @rule(n=st.integers(1, 40))
+    def admit(self, n):
+        r = req(self.next_id)
+        self.next_id += 1
+        if self.kv.allocate_slots(r, n, 0) is not None:
+            self.tokens[r.req_id] = n
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), n=st.integers(1, 8))
+    def grow(self, data, n):
+        rid = data.draw(st.sampled_from(sorted(self.tokens)))
+        before = self.kv.pool.num_free_blocks
+        cap = self.kv.allocate_slots(req(rid), n, self.tokens[rid])
+        if cap is None:
+            assert self.kv.pool.num_free_blocks == before  # a failed allocation takes nothing
+        else:
+            self.tokens[rid] += n
+            assert cap >= self.tokens[rid]
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def free(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.tokens)))
+        self.kv.free(req(rid))
+        del self.tokens[rid]
+
+    @invariant()
+    def conserved(self):
+        held = [b for blocks in self.kv.req_to_blocks.values() for b in blocks]
+        free = set(self.kv.pool.free_queue._q)
+        assert len(held) == len(set(held))  # no block in two tables (no sharing without caching)
+        assert not free & set(held)
+        assert len(free) + len(held) == self.kv.pool.num_blocks - 1
+        assert all(self.kv.pool.ref_cnt[b] == 1 for b in held)
+        for rid, t in self.tokens.items():
+            assert len(self.kv.req_to_blocks[rid]) == -(-t // 4)
+
+
+TestPagedMachine = PagedMachine.TestCase
+TestPagedMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)

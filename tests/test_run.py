@@ -1,0 +1,118 @@
+"""End-to-end runs: conservation, limits, determinism, and sanity a user can check by eye."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simulator.config import build_config
+from simulator.runner import run
+from simulator.workload import RequestArrays
+
+
+def cfg(**overrides):
+    base = {"workload.num_requests": 300, "workload.arrival.rate": 50.0}
+    base.update(overrides)
+    return build_config(None, [f"{k}={v}" for k, v in base.items()])
+
+
+def small_workload(n=6):
+    return RequestArrays(np.arange(n, dtype=float) * 0.01, np.full(n, 100, np.int64),
+                         np.full(n, 20, np.int64), np.zeros(n, np.int64))
+
+
+@pytest.mark.parametrize("allocator,scheduler", [("paged", "continuous"), ("paged", "static"),
+                                                 ("contiguous", "continuous"),
+                                                 ("contiguous", "static")])
+def test_everything_returns_to_the_pool(allocator, scheduler):
+    c = cfg(**{"engine.kv_allocator": allocator, "engine.scheduler": scheduler,
+               "engine.max_model_len": 4096, "engine.gpu_memory_utilization": 0.5})
+    res = run(c)
+    s = res.summary["requests"]
+    assert s["arrived"] == 300 == s["finished"] + s["rejected"]
+    kv = res.scheduler.kv
+    assert kv.used_slots == 0 and kv.usage == 0
+    if allocator == "paged":
+        assert kv.pool.num_free_blocks == kv.pool.num_blocks - 1 and not kv.req_to_blocks
+    else:
+        assert kv.largest_hole == kv.total_slots and not kv.req_to_region
+    assert res.iterations.kv_tokens_stored.iloc[-1] == 0
+
+
+def test_continuous_never_exceeds_limits_under_pressure():
+    # tiny KV pool + high load: preemptions happen, limits must still hold every step
+    c = cfg(**{"engine.max_num_seqs": 16, "engine.max_num_batched_tokens": 512,
+               "engine.gpu_memory_utilization": 0.36, "engine.max_model_len": 2048,
+               "workload.arrival.rate": 200.0, "gpu": "a100-40gb", "model": "llama-2-7b"})
+    res = run(c)
+    it = res.iterations
+    assert res.summary["preemptions"]["total"] > 0
+    assert it.num_seqs.max() <= 16 and it.num_running.max() <= 16
+    assert it.num_tokens.max() <= 512
+    assert (it.prefill_tokens + it.decode_tokens == it.num_tokens).all()
+    assert res.summary["requests"]["finished"] == 300
+
+
+def test_static_never_admits_into_a_running_batch():
+    res = run(cfg(**{"engine.scheduler": "static", "engine.max_num_seqs": 32}))
+    it = res.iterations
+    running_before = np.concatenate([[0], it.num_running.to_numpy()[:-1]])
+    assert (it.num_admitted[running_before > 0] == 0).all()
+    assert it.num_admitted.sum() == 300
+    assert it.num_running.max() <= 32
+
+
+def test_same_seed_gives_byte_identical_outputs(tmp_path):
+    c = cfg(**{"seed": 7})
+    a, b = run(c).write(tmp_path / "a"), run(c).write(tmp_path / "b")
+    for name in ("summary.json", "requests.parquet", "iterations.parquet", "config.yaml"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    other = run(cfg(**{"seed": 8})).write(tmp_path / "c")
+    assert (other / "summary.json").read_bytes() != (a / "summary.json").read_bytes()
+
+
+def test_request_longer_than_max_model_len_is_rejected_with_reason():
+    w = small_workload()
+    w.prompt_tokens[2] = 5000
+    res = run(cfg(**{"engine.max_model_len": 4096}), workload=w)
+    s = res.summary["requests"]
+    assert (s["finished"], s["rejected"]) == (5, 1)
+    assert s["rejected_by_reason"] == {"prompt+output 5020 > max_model_len 4096": 1}
+    row = res.requests.set_index("req_id").loc[2]
+    assert row.status == "rejected"
+
+
+def test_contiguous_max_model_len_rejects_nothing_that_fits():
+    res = run(cfg(**{"engine.kv_allocator": "contiguous", "engine.max_model_len": 2048}),
+              workload=small_workload())
+    assert res.summary["requests"]["finished"] == 6
+
+
+# --- sanity a user can check by eye -------------------------------------------------------
+
+SATURATING = {"workload.num_requests": 600, "workload.arrival.rate": 1000.0,
+              "engine.max_model_len": 4096}
+
+
+def test_continuous_beats_static_throughput():
+    # batch slots bind (64 seqs on an A100-80GB): static waits for each batch's longest member
+    common = {**SATURATING, "gpu": "a100-80gb", "engine.max_num_seqs": 64}
+    cont = run(cfg(**common)).summary["throughput"]["output_tokens_per_s"]
+    stat = run(cfg(**common, **{"engine.scheduler": "static"})).summary["throughput"][
+        "output_tokens_per_s"]
+    assert cont > 1.5 * stat, (cont, stat)
+
+
+def test_paged_admits_more_concurrent_requests_than_contiguous():
+    # an A100-40GB with Llama-2-13B leaves room for few max_model_len reservations
+    common = {**SATURATING, "model": "llama-2-13b", "gpu": "a100-40gb",
+              "workload.num_requests": 150}
+    paged = run(cfg(**common)).iterations.num_running.max()
+    contig = run(cfg(**common, **{"engine.kv_allocator": "contiguous"})).iterations.num_running.max()
+    assert paged > 2 * contig, (paged, contig)
+
+
+def test_bigger_gpu_sustains_higher_rate():
+    tput = {g: run(cfg(**SATURATING, gpu=g)).summary["throughput"]["requests_per_s"]
+            for g in ("l4", "a100-80gb", "h100")}
+    assert tput["l4"] < tput["a100-80gb"] < tput["h100"], tput
