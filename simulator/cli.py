@@ -10,7 +10,7 @@ import sys
 from simulator import __version__
 from simulator.errors import ConfigError
 
-SUBCOMMANDS = ["simulator.cli_run"]
+SUBCOMMANDS = ["simulator.cli_run", "simulator.cli_workload"]
 
 
 def build_parser() -> argparse.ArgumentParser:
