@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from simulator.errors import ConfigError, did_you_mean
+from simulator.paths import data_dir
 
 GIB = 1 << 30
 
@@ -55,7 +55,7 @@ class GpuSpec:
 
 
 def _profiles_dir():
-    return resources.files("simulator.gpu_profiles")
+    return data_dir("gpu_profiles")
 
 
 @cache

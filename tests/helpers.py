@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from simulator.kvcache import ContiguousAllocator, PagedAllocator
 from simulator.request import Request
 from simulator.schedulers import BATCHING_MODES, QUEUE_POLICIES, Scheduler
 
 
 def make_scheduler(num_blocks=7, block_size=4, budget=8, max_num_seqs=4, batching="continuous",
-                   policy="fcfs", vectorized=True, contiguous=None, total_slots=0, max_model_len=0):
+                   policy="fcfs", vectorized=True, contiguous=None, total_slots=0, max_model_len=0,
+                   caching=False, eviction="lru", chunk_tokens=4):
     if contiguous:
         kv = ContiguousAllocator(total_slots, reserve=contiguous, max_model_len=max_model_len)
     else:
-        kv = PagedAllocator(num_blocks=num_blocks, block_size=block_size)
+        kv = PagedAllocator(num_blocks=num_blocks, block_size=block_size,
+                            enable_prefix_caching=caching, eviction=eviction,
+                            prefix_chunk_tokens=chunk_tokens)
     sched = Scheduler(kv, QUEUE_POLICIES.get(policy)(), BATCHING_MODES.get(batching)(),
                       max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
     sched.vectorized = vectorized
@@ -20,13 +25,15 @@ def make_scheduler(num_blocks=7, block_size=4, budget=8, max_num_seqs=4, batchin
 
 
 def drive(sched, arrivals: dict[int, list[tuple[int, int]]], max_steps=10_000):
-    """Run steps; `arrivals[step]` = [(prompt, output), ...] added before that step.
+    """Run steps; `arrivals[step]` = [(prompt, output[, prefix chunk ids]), ...] added before
+    that step.
     Returns the log: one (step, {req_id: tokens}, [preempted ids], [finished ids]) per step."""
     log, next_id, step = [], 0, 0
     pending = dict(arrivals)
     while step < max_steps:
-        for prompt, output in pending.pop(step, []):
-            sched.add_request(Request(next_id, float(step), prompt, output))
+        for prompt, output, *prefix in pending.pop(step, []):
+            sched.add_request(Request(next_id, float(step), prompt, output,
+                                      prefix=np.asarray(prefix[0]) if prefix else None))
             next_id += 1
         if not sched.has_work:
             if not pending:

@@ -24,7 +24,7 @@ def test_paged_allocates_ceil_blocks_and_frees_tail_first():
     assert kv.usage == 4 / 8
     kv.free(r)
     # freed in reverse: the request's last block is reused first... after the untouched ones
-    assert list(kv.pool.free_queue._q) == [5, 6, 7, 8, 4, 3, 2, 1]
+    assert kv.pool.free_queue.order() == [5, 6, 7, 8, 4, 3, 2, 1]
     assert kv.usage == 0
 
 
@@ -94,7 +94,7 @@ class PagedMachine(RuleBasedStateMachine):
     @invariant()
     def conserved(self):
         held = [b for blocks in self.kv.req_to_blocks.values() for b in blocks]
-        free = set(self.kv.pool.free_queue._q)
+        free = set(self.kv.pool.free_queue.order())
         assert len(held) == len(set(held))  # no block in two tables (no sharing without caching)
         assert not free & set(held)
         assert len(free) + len(held) == self.kv.pool.num_blocks - 1

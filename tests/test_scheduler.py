@@ -95,3 +95,28 @@ def test_continuous_respects_limits_and_frees_everything(seed):
         assert len(scheduled) <= max_seqs
     assert sched.kv.pool.num_free_blocks == 29
     assert not sched.kv.req_to_blocks
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_vectorized_matches_sequential_with_prefix_caching(seed):
+    """Same, with shared prefixes: hits at admission, blocks hashed as soon as they fill."""
+    rng = np.random.default_rng(1000 + seed)
+    params = dict(num_blocks=int(rng.integers(10, 40)), block_size=int(rng.choice([2, 4, 8])),
+                  budget=int(rng.integers(4, 48)), max_num_seqs=int(rng.integers(1, 8)),
+                  caching=True, eviction=str(rng.choice(["lru", "lfu"])), chunk_tokens=8)
+    arrivals = {}
+    for s in rng.choice(60, size=25, replace=False):
+        reqs = []
+        for _ in range(int(rng.integers(1, 4))):
+            chunks = [int(x) for x in rng.integers(0, 3, size=int(rng.integers(0, 4)))]
+            prompt = 8 * len(chunks) + int(rng.integers(1, 10))
+            out = int(rng.integers(1, 20))
+            if -(-(prompt + out - 1) // params["block_size"]) <= params["num_blocks"] - 1:
+                reqs.append((prompt, out, chunks))
+        arrivals[int(s)] = reqs
+    fast_s = make_scheduler(vectorized=True, **params)
+    slow_s = make_scheduler(vectorized=False, **params)
+    fast, slow = drive(fast_s, arrivals), drive(slow_s, arrivals)
+    assert fast == slow
+    assert fast_s.kv.prefix_hits == slow_s.kv.prefix_hits
+    assert sum(len(f) for *_, f in fast) == sum(len(v) for v in arrivals.values())

@@ -22,6 +22,8 @@ from simulator.request import Request
 class ContiguousAllocator:
     name = "contiguous"
     block_size = 1
+    caches_full_blocks = False
+    now = 0.0
 
     def __init__(self, total_slots: int, reserve: str = "max_model_len", max_model_len: int = 0,
                  **_: object) -> None:
@@ -67,6 +69,16 @@ class ContiguousAllocator:
                 self._used += size
                 return size
         return None
+
+    def allocate_slots_many(self, reqs: list[Request], num_new: list[int],
+                            num_computed: list[int]) -> list[int]:
+        caps = []
+        for req, n, c in zip(reqs, num_new, num_computed):
+            cap = self.allocate_slots(req, n, c)
+            if cap is None:
+                break
+            caps.append(cap)
+        return caps
 
     def free(self, req: Request, now: float = 0.0) -> None:
         region = self.req_to_region.pop(req.req_id, None)

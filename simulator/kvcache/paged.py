@@ -1,76 +1,106 @@
-"""Paged KV cache (vLLM v1): fixed-size blocks, block ids with ref counts, per-request tables.
+"""Paged KV cache (vLLM v1): fixed-size blocks, block ids with ref counts, per-request tables,
+and prefix caching on full blocks.
 
 NOTE: block 0 is vLLM's null block and is never handed out, so a pool of N blocks has N - 1
-usable ones and usage = 1 - free / (N - 1).
+usable ones and usage = 1 - free / (N - 1). Free-but-cached blocks count as free.
 
-    free queue (head = next to reuse) : [b7, b3, b9, ...]
-    allocate: pop from the head        request table: req -> [b1, b2, b5]
-    free: push the request's blocks to the tail in reverse (tail blocks first), so a request's
-    last blocks are reused first (they are the least likely to be shared).
+    free queue (eviction policy; head = next to reuse): [b7, b3, b9, ...]
+    allocate: pop from the head; a popped block that still has a hash is evicted then (lazy)
+    free: a request's blocks go back tail-first (its last blocks are reused first)
+    hit:  a cached block is `touch`ed: out of the free queue, ref count + 1
 
-The free queue order *is* the eviction order; `EvictionPolicy` objects own it so that prefix
-caching (issue 5) can plug in LRU / LRU+TTL without touching the pool.
+Prefix caching (vLLM v1 semantics):
+1. Only full blocks are hashed; a hash chains the parent's hash with the block's content
+   (prefix.py). A block is cached as soon as an allocation covers its last token, so a
+   request admitted in the same step as another can hit blocks still being computed.
+2. A lookup walks the request's hashes and stops at the first miss; at most
+   num_tokens - 1 tokens can hit (the last token is always computed, to sample from).
+3. Freed hashed blocks keep their hash and stay hittable until popped for reuse.
+4. Duplicates are possible (two requests computing the same block concurrently); as in vLLM
+   each hash maps to its blocks in caching order and a lookup returns the first.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from array import array
 
 from simulator.kvcache.base import ALLOCATORS
+from simulator.kvcache.eviction import EVICTION_POLICIES
+from simulator.kvcache.prefix import BlockHasher
 from simulator.request import Request
 
 
-class LRUFreeQueue:
-    """vLLM's free block queue: pop from the head, freed blocks appended at the tail."""
-
-    def __init__(self, block_ids: range) -> None:
-        self._q: OrderedDict[int, None] = OrderedDict.fromkeys(block_ids)
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def popleft(self) -> int:
-        return self._q.popitem(last=False)[0]
-
-    def append(self, block_id: int, now: float = 0.0) -> None:
-        self._q[block_id] = None
-
-    def remove(self, block_id: int) -> None:
-        del self._q[block_id]
-
-    def __contains__(self, block_id: int) -> bool:
-        return block_id in self._q
-
-
 class BlockPool:
-    """Owns every block: ref counts and the free queue. Block ids, not counts."""
+    """Owns every block: ref counts, hashes, the hash map and the free queue (the policy)."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, eviction: str = "lru", **eviction_params) -> None:
         if num_blocks < 2:
             raise ValueError(f"a block pool needs >= 2 blocks (one is the null block), got {num_blocks}")
         self.num_blocks = num_blocks
+        self.now = 0.0
         self.ref_cnt = [0] * num_blocks
         self.ref_cnt[0] = 1  # null block, permanently held
-        self.free_queue = LRUFreeQueue(range(1, num_blocks))
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.last_access_s = [0.0] * num_blocks
+        self.freed_s = [0.0] * num_blocks
+        self.num_hits = [0] * num_blocks
+        self.cached: dict[int, dict[int, None]] = {}  # hash -> {block_id: None}, caching order
+        self.free_queue = EVICTION_POLICIES.get(eviction)(self, range(1, num_blocks), **eviction_params)
+        self.num_evictions = 0
+        self.evicted_idle_s = array("d")  # now - last access, for every evicted cached block
 
     @property
     def num_free_blocks(self) -> int:
         return len(self.free_queue)
 
+    def get_cached_block(self, block_hash: int) -> int | None:
+        blocks = self.cached.get(block_hash)
+        return next(iter(blocks)) if blocks else None
+
+    def touch(self, block_ids: list[int]) -> None:
+        now = self.now
+        for b in block_ids:
+            if self.ref_cnt[b] == 0:
+                self.free_queue.remove(b)
+            self.ref_cnt[b] += 1
+            self.num_hits[b] += 1
+            self.last_access_s[b] = now
+
     def get_new_blocks(self, n: int) -> list[int]:
         if n > len(self.free_queue):
             raise ValueError(f"asked for {n} blocks, {len(self.free_queue)} free")
-        out = [self.free_queue.popleft() for _ in range(n)]
-        for b in out:
-            self.ref_cnt[b] += 1
+        now = self.now
+        out = []
+        for _ in range(n):
+            b = self.free_queue.popleft()
+            h = self.block_hash[b]
+            if h is not None:  # lazy eviction of a cached block
+                blocks = self.cached[h]
+                del blocks[b]
+                if not blocks:
+                    del self.cached[h]
+                self.block_hash[b] = None
+                self.num_evictions += 1
+                self.evicted_idle_s.append(now - self.last_access_s[b])
+            self.ref_cnt[b] = 1
+            self.num_hits[b] = 0
+            self.last_access_s[b] = now
+            out.append(b)
         return out
 
-    def free_blocks(self, ordered_blocks: list[int], now: float = 0.0) -> None:
-        """Drop one reference from each block; blocks reaching 0 go to the free queue in order."""
+    def cache_block(self, block_id: int, block_hash: int) -> None:
+        if self.block_hash[block_id] is None:
+            self.block_hash[block_id] = block_hash
+            self.cached.setdefault(block_hash, {})[block_id] = None
+
+    def free_blocks(self, ordered_blocks: list[int]) -> None:
+        """Drop one reference from each block; blocks reaching 0 join the free queue in order."""
+        now = self.now
         for b in ordered_blocks:
             self.ref_cnt[b] -= 1
             if self.ref_cnt[b] == 0:
-                self.free_queue.append(b, now)
+                self.freed_s[b] = now
+                self.free_queue.append(b)
             elif self.ref_cnt[b] < 0:
                 raise AssertionError(f"block {b} freed twice")
 
@@ -83,39 +113,135 @@ class BlockPool:
 class PagedAllocator:
     name = "paged"
 
-    def __init__(self, num_blocks: int, block_size: int, **_: object) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
+                 eviction: str = "lru", eviction_params: dict | None = None,
+                 prefix_chunk_tokens: int = 512, **_: object) -> None:
         self.block_size = block_size
-        self.pool = BlockPool(num_blocks)
+        self.pool = BlockPool(num_blocks, eviction, **(eviction_params or {}))
         self.total_slots = (num_blocks - 1) * block_size
         self.req_to_blocks: dict[int, list[int]] = {}
+        self.enable_prefix_caching = enable_prefix_caching
+        self.caches_full_blocks = enable_prefix_caching  # scheduler: call us when a block fills
+        self.hasher = BlockHasher(block_size, prefix_chunk_tokens)
+        self._num_cached: dict[int, int] = {}  # req_id -> how many of its blocks are hashed
+        self._pending_hits: dict[int, list[int]] = {}  # lookup result awaiting allocate_slots
+        self.prefix_queries = 0  # tokens looked up (vLLM's prefix_cache_queries)
+        self.prefix_hits = 0  # tokens found (vLLM's prefix_cache_hits)
+
+    @property
+    def now(self) -> float:
+        return self.pool.now
+
+    @now.setter
+    def now(self, value: float) -> None:
+        self.pool.now = value
 
     def max_request_slots(self, req: Request) -> int:
         return -(-req.final_kv_tokens // self.block_size) * self.block_size
 
     def get_computed_tokens(self, req: Request) -> int:
-        return 0  # prefix caching plugs in here (issue 5)
+        """Longest cached prefix of req, in tokens (a multiple of block_size)."""
+        if not self.enable_prefix_caching:
+            return 0
+        num_tokens = req.num_tokens
+        max_blocks = (num_tokens - 1) // self.block_size
+        hits: list[int] = []
+        if max_blocks:
+            get = self.pool.get_cached_block
+            for h in self.hasher.hashes(req, max_blocks)[:max_blocks]:
+                b = get(h)
+                if b is None:
+                    break
+                hits.append(b)
+        self._pending_hits[req.req_id] = hits
+        self.prefix_queries += num_tokens
+        self.prefix_hits += len(hits) * self.block_size
+        return len(hits) * self.block_size
 
     def allocate_slots(self, req: Request, num_new_tokens: int, num_computed_tokens: int) -> int | None:
-        """1. blocks needed = ceil((computed + new) / block_size) - blocks held;
-        2. None if the pool has fewer free; 3. else pop them and extend the table."""
-        blocks = self.req_to_blocks.get(req.req_id)
-        held = len(blocks) if blocks else 0
-        need = -(-(num_computed_tokens + num_new_tokens) // self.block_size) - held
-        if need > 0:
-            if need > self.pool.num_free_blocks:
+        """1. take the pending prefix hits (admission only); 2. blocks needed = ceil((computed +
+        new) / block_size) - blocks held; 3. None if that plus the hits that are currently free
+        exceeds the free blocks; 4. touch the hits, pop new blocks; 5. hash newly full blocks."""
+        rid = req.req_id
+        hits = self._pending_hits.pop(rid, None) or []
+        blocks = self.req_to_blocks.get(rid)
+        held = (len(blocks) if blocks else 0) + len(hits)
+        total_tokens = num_computed_tokens + num_new_tokens
+        need = -(-total_tokens // self.block_size) - held
+        pool = self.pool
+        if need > 0 or hits:
+            free_hits = sum(1 for b in hits if pool.ref_cnt[b] == 0)
+            if max(need, 0) + free_hits > pool.num_free_blocks:
                 return None
-            new = self.pool.get_new_blocks(need)
+            if hits:
+                pool.touch(hits)
+            new = pool.get_new_blocks(need) if need > 0 else []
             if blocks is None:
-                self.req_to_blocks[req.req_id] = new
+                blocks = self.req_to_blocks[rid] = hits + new
+                self._num_cached[rid] = len(hits)
             else:
                 blocks.extend(new)
-            held += need
+            held = len(blocks)
+        if self.enable_prefix_caching:
+            self._cache_full_blocks(req, blocks, min(total_tokens, req.num_tokens))
         return held * self.block_size
 
+    def allocate_slots_many(self, reqs: list[Request], num_new: list[int],
+                            num_computed: list[int]) -> list[int]:
+        """allocate_slots for running requests in order, stopping at the first that does not
+        fit; returns the capacities of those served. Same blocks, same order as one call each:
+        running requests have no pending prefix hits, so each just pops its new blocks."""
+        bs = self.block_size
+        pool = self.pool
+        free = pool.num_free_blocks
+        tables = self.req_to_blocks
+        needs = []
+        for req, n, c in zip(reqs, num_new, num_computed):
+            table = tables.get(req.req_id)
+            need = -(-(c + n) // bs) - (len(table) if table else 0)
+            if need > free:
+                break
+            free -= need
+            needs.append(need)
+        new = pool.get_new_blocks(sum(needs))
+        caps = []
+        pos = 0
+        caching = self.enable_prefix_caching
+        for k, need in enumerate(needs):
+            req = reqs[k]
+            table = tables.get(req.req_id)
+            if table is None:
+                table = tables[req.req_id] = []
+                self._num_cached[req.req_id] = 0
+            if need:
+                table.extend(new[pos:pos + need])
+                pos += need
+            if caching:
+                self._cache_full_blocks(req, table, min(num_computed[k] + num_new[k], req.num_tokens))
+            caps.append(len(table) * bs)
+        return caps
+
+    def _cache_full_blocks(self, req: Request, blocks: list[int], num_tokens: int) -> None:
+        done = self._num_cached.get(req.req_id, 0)
+        full = num_tokens // self.block_size
+        if full > done:
+            hashes = self.hasher.hashes(req, full)
+            cache = self.pool.cache_block
+            for j in range(done, full):
+                cache(blocks[j], hashes[j])
+            self._num_cached[req.req_id] = full
+
     def free(self, req: Request, now: float = 0.0) -> None:
+        """Release req's blocks tail-first; full blocks not yet hashed (filled by decoding, see
+        Scheduler) are hashed first, so they stay hittable exactly as if hashed when filled."""
+        if self.enable_prefix_caching and req.req_id in self.req_to_blocks:
+            self._cache_full_blocks(req, self.req_to_blocks[req.req_id],
+                                    min(req.num_computed_tokens, req.num_tokens))
         blocks = self.req_to_blocks.pop(req.req_id, None)
+        self._num_cached.pop(req.req_id, None)
+        self._pending_hits.pop(req.req_id, None)
         if blocks:
-            self.pool.free_blocks(blocks[::-1], now)
+            self.pool.free_blocks(blocks[::-1])
 
     def can_fit(self, token_counts: list[int]) -> bool:
         bs = self.block_size

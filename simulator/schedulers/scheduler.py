@@ -143,12 +143,12 @@ class Scheduler:
 
     # --- one step ------------------------------------------------------------------------
     def schedule(self, now: float) -> Batch:
-        rb = self.running
+        self.kv.now = now
         formed = self.batching.form_batch(self, now)
         if self.vectorized:
             budget, preempted = self._schedule_running_vectorized(now)
         else:
-            rb.n[:rb.m] = 0
+            self.running.n[:self.running.m] = 0
             budget, preempted = self._schedule_running_sequential(0, self.max_num_batched_tokens, now)
         self.last_preempted = preempted
         admitted = formed
@@ -157,57 +157,92 @@ class Scheduler:
         return self._summarise(len(preempted), admitted)
 
     def _schedule_running_vectorized(self, now: float) -> tuple[int, list[Request]]:
+        """Step 2 over numpy columns, segment by segment: budget cut-off by cumulative sum, the
+        manager called (in order, in bulk) only for requests that need it; the first request it
+        cannot serve goes through `_schedule_one` (preemption), then the next segment starts."""
         rb = self.running
-        m = rb.m
         budget = self.max_num_batched_tokens
-        rb.n[:m] = 0
-        if m == 0:
-            return budget, []
-        want = rb.tokens[:m] - rb.computed[:m]
-        cum = np.cumsum(want)
-        cum_before = cum - want
-        count = int(np.searchsorted(cum_before, budget, side="left"))  # those with budget left
-        n = rb.n
-        n[:count] = want[:count]
-        if cum[count - 1] > budget:
-            n[count - 1] = budget - cum_before[count - 1]
-        needers = np.flatnonzero(rb.computed[:count] + n[:count] > rb.capacity[:count])
-        for i in needers.tolist():
-            cap = self.kv.allocate_slots(rb.reqs[i], int(n[i]), int(rb.computed[i]))
-            if cap is None:
-                n[i:m] = 0
-                return self._schedule_running_sequential(i, budget - int(cum_before[i]), now)
-            rb.capacity[i] = cap
-        return budget - int(n[:count].sum()), []
+        rb.n[:rb.m] = 0
+        preempted: list[Request] = []
+        i = 0
+        kv = self.kv
+        while i < rb.m and budget > 0:
+            m = rb.m
+            want = rb.tokens[i:m] - rb.computed[i:m]
+            cum = np.cumsum(want)
+            cum_before = cum - want
+            count = int(np.searchsorted(cum_before, budget, side="left"))  # those with budget left
+            n = rb.n[i:i + count]
+            n[:] = want[:count]
+            if cum[count - 1] > budget:
+                n[-1] = budget - cum_before[count - 1]
+            computed = rb.computed[i:i + count]
+            reach = computed + n
+            call = reach > rb.capacity[i:i + count]
+            if kv.caches_full_blocks:
+                # A prefill chunk that fills a block without needing a new one must still reach
+                # the manager, which hashes full blocks at once (others may hit them this very
+                # step). Blocks filled by decoding hold the request's own output, which nobody
+                # else can look up while it runs: they are hashed at its next allocation or free.
+                bs = kv.block_size
+                prompt = rb.tokens[i:i + count] - rb.num_out[i:i + count]
+                call |= (reach // bs > computed // bs) & (computed < prompt)
+            needers = np.flatnonzero(call)
+            if len(needers):
+                idx = (needers + i).tolist()
+                caps = kv.allocate_slots_many([rb.reqs[j] for j in idx], n[needers].tolist(),
+                                              computed[needers].tolist())
+                rb.capacity[idx[:len(caps)]] = caps
+                if len(caps) < len(idx):  # the manager ran out at request j
+                    j = idx[len(caps)]
+                    rb.n[j:m] = 0
+                    budget -= int(cum_before[j - i])
+                    budget, i, stop = self._schedule_one(j, budget, now, preempted)
+                    if stop:
+                        break
+                    continue
+            budget -= int(n.sum())
+            break
+        return budget, preempted
 
     def _schedule_running_sequential(self, i: int, budget: int, now: float) -> tuple[int, list[Request]]:
         """The reference loop (vLLM v1), from running index i with `budget` tokens left."""
-        rb = self.running
         preempted: list[Request] = []
-        while i < rb.m and budget > 0:
-            req = rb.reqs[i]
-            num_new = min(int(rb.tokens[i] - rb.computed[i]), budget)
-            cap: int | None = int(rb.capacity[i])
-            if rb.computed[i] + num_new > cap:
-                while True:
-                    cap = self.kv.allocate_slots(req, num_new, int(rb.computed[i]))
-                    if cap is not None:
-                        break
-                    v = self.queue.pick_victim(rb.reqs)
-                    budget += int(rb.n[v])  # a victim already scheduled gives its tokens back
-                    victim = self._preempt(v, now)
-                    preempted.append(victim)
-                    if victim is req:
-                        break
-                    if v < i:
-                        i -= 1
-            if cap is None:
+        while i < self.running.m and budget > 0:
+            budget, i, stop = self._schedule_one(i, budget, now, preempted)
+            if stop:
                 break
-            rb.capacity[i] = cap
-            rb.n[i] = num_new
-            budget -= num_new
-            i += 1
         return budget, preempted
+
+    def _schedule_one(self, i: int, budget: int, now: float,
+                      preempted: list[Request]) -> tuple[int, int, bool]:
+        """Schedule running request i (vLLM v1's loop body): on allocation failure preempt the
+        policy's victim and retry. Returns (budget left, next index, stop running requests)."""
+        rb = self.running
+        kv = self.kv
+        req = rb.reqs[i]
+        computed = int(rb.computed[i])
+        num_new = min(int(rb.tokens[i]) - computed, budget)
+        cap: int | None = int(rb.capacity[i])
+        bs = kv.block_size
+        if computed + num_new > cap or (  # see _schedule_running_vectorized for the 2nd clause
+                kv.caches_full_blocks and computed < req.prompt_tokens
+                and (computed + num_new) // bs > computed // bs):
+            while True:
+                cap = kv.allocate_slots(req, num_new, computed)
+                if cap is not None:
+                    break
+                v = self.queue.pick_victim(rb.reqs)
+                budget += int(rb.n[v])  # a victim already scheduled gives its tokens back
+                victim = self._preempt(v, now)
+                preempted.append(victim)
+                if victim is req:
+                    return budget, i, True
+                if v < i:
+                    i -= 1
+        rb.capacity[i] = cap
+        rb.n[i] = num_new
+        return budget - num_new, i + 1, False
 
     def _admit_waiting(self, budget: int, now: float) -> int:
         admitted = 0
