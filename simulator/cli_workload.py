@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from simulator.errors import ConfigError
 from simulator.workload import ARRIVALS, LENGTHS, ChunkIds, RequestArrays, generate
@@ -69,8 +70,6 @@ def load_source(source: str, fmt: str | None = None, overrides: list[str] | None
         key, value = (x.strip() for x in item.split("=", 1))
         if key.split(".")[0] in fields:
             key = f"workload.{key}"
-        import yaml
-
         apply_override(data, key, yaml.safe_load(value))
     if seed is not None:
         data["seed"] = seed
