@@ -298,3 +298,18 @@ def test_infinite_cache_hit_rate_equals_trace_reuse(shared_data, block_size, lim
             seen.update(r["hash_ids"])
         assert repeats / total == pytest.approx(0.6396, abs=5e-4)
         assert expected / prompt_tokens == pytest.approx(repeats / total, abs=0.02)
+
+
+def test_next_turn_hits_the_previous_answer_when_ids_cover_it():
+    kv = make_kv(num_blocks=30)
+    # turn 1: prompt 8 tokens (chunks 1, 2), answer 8 tokens described by chunks 3, 4
+    t1 = Request(0, 0.0, 8, 8, prefix=np.array([1, 2, 3, 4]))
+    admit(kv, t1)
+    t1.num_output_tokens = 8  # decoded: 8 + 8 - 1 tokens of KV computed
+    assert kv.allocate_slots(t1, 7, 8) is not None
+    t1.num_computed_tokens = 15
+    kv.free(t1)  # full blocks hashed on release, including the answer's first block
+    t2 = Request(1, 1.0, 20, 4, prefix=np.array([1, 2, 3, 4, 5]))
+    assert admit(kv, t2) == 12  # prompt chunks 1, 2 and the answer's full block (chunk 3)
+    t3 = Request(2, 1.0, 20, 4, prefix=np.array([1, 2, 9, 9, 5]))
+    assert admit(kv, t3) == 8  # a different answer: only the shared prompt hits

@@ -1,11 +1,11 @@
 """Block hashes: the content identity of each full KV block of a request.
 
 Requests carry no text. A request's `prefix` is None (all its content is unique) or an array
-of content-chunk ids, each covering `chunk_tokens` tokens of the prompt from its start
-(Mooncake's hash_ids: 512-token chunks). Token t of the prompt is *shared content*
-(chunk_id = prefix[t // chunk_tokens], offset t % chunk_tokens) when t // chunk_tokens <
-len(prefix); every other token (the rest of the prompt, every output token) is unique to
-the request.
+of content-chunk ids, each covering `chunk_tokens` tokens from the start of the prompt
+(Mooncake's hash_ids: 512-token chunks). Token t is *shared content* (chunk_id =
+prefix[t // chunk_tokens], offset t % chunk_tokens) when t // chunk_tokens < len(prefix) and t
+lies in the prompt, or in the output when the ids run past the prompt's last chunk (a session
+whose next turn resends this turn's answer); every other token is unique to the request.
 
 Engine block j (tokens [j*B, (j+1)*B)) hashes, as vLLM's chain does, its parent's hash with
 its content: the chunk ids it spans and its offset in the first one when all of its tokens are
@@ -38,7 +38,14 @@ class BlockHasher:
             return have
         bs, c = self.block_size, self.chunk_tokens
         prefix = req.prefix
-        shared_tokens = 0 if prefix is None else min(len(prefix) * c, req.prompt_tokens)
+        shared_tokens = 0
+        if prefix is not None:
+            covered = len(prefix) * c
+            # ids beyond the prompt's chunks describe the output too (a session's next turn
+            # resends this turn's answer); otherwise the output is unique to the request
+            limit = req.prompt_tokens if covered <= -(-req.prompt_tokens // c) * c else \
+                req.prompt_tokens + req.output_tokens
+            shared_tokens = min(covered, limit)
         parent = have[-1] if have else NONE_HASH
         for j in range(len(have), num_blocks):
             start, end = j * bs, (j + 1) * bs
