@@ -273,3 +273,12 @@ def test_read_trace_reports_format(tmp_path):
         warnings.simplefilter("error")
         work, has_time = read_trace(WorkloadConfig(trace=str(p)))
     assert has_time and work.info["source"].endswith("(azure)") and work.info["rows_read"] == 1
+
+
+def test_azure_2024_timestamps_with_timezone(tmp_path):
+    p = write(tmp_path, "az24.csv", AZ + "2024-05-10 00:00:00.009930+00:00,4808,10\n"
+                                        "2024-05-10 00:00:01.509930+00:00,3180,8\n"
+                                        "2024-05-10 02:00:02.009930+02:00,110,27\n")
+    w = load(p)
+    assert w.info["source"].endswith("(azure)")
+    np.testing.assert_allclose(w.arrival_s, [0.0, 1.5, 2.0])  # +02:00 honoured
