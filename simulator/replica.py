@@ -81,7 +81,7 @@ class Replica:
                 raise RuntimeError(
                     f"scheduler made no progress at t={start:.6f}s with {sched.running.m} running "
                     f"and {len(sched.queue)} waiting ({kv.used_slots}/{kv.total_slots} KV slots used)")
-            duration = step_time(batch.shape)
+            duration = step_time(batch.shape) + batch.swap_s
             yield env.timeout(duration)
             finished = sched.commit(env.now)
             for req in finished:
@@ -100,10 +100,16 @@ def feed_arrivals(env: simpy.Environment, workload, replica: Replica,
     arrival, prompt, output, priority = (workload.arrival_s, workload.prompt_tokens,
                                          workload.output_tokens, workload.priority)
     prefix = workload.prefix
+    tenant = getattr(workload, "tenant", None)
+    tier = getattr(workload, "tier", None)
     for i in range(len(workload)):
         t = float(arrival[i])
         if t > env.now:
             yield env.timeout(t - env.now)
-        replica.submit(Request(i, t, int(prompt[i]), int(output[i]), int(priority[i]),
-                               prefix=None if prefix is None else prefix[i]))
+        req = Request(i, t, int(prompt[i]), int(output[i]), int(priority[i]),
+                      tenant="" if tenant is None else str(tenant[i]),
+                      prefix=None if prefix is None else prefix[i])
+        if tier is not None:
+            req.tier = str(tier[i])
+        replica.submit(req)
     replica.close()

@@ -25,7 +25,7 @@ class Request:
         "req_id", "index", "arrival_s", "prompt_tokens", "output_tokens", "priority", "tenant",
         "prefix", "status", "num_computed_tokens", "num_output_tokens", "first_scheduled_s",
         "first_token_s", "last_token_s", "finish_s", "num_preemptions", "num_cached_tokens",
-        "reject_reason", "slot", "block_hashes",
+        "reject_reason", "slot", "block_hashes", "tier",
     )
 
     def __init__(self, req_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
@@ -36,6 +36,7 @@ class Request:
         self.output_tokens = output_tokens  # target (max_tokens with ignore_eos)
         self.priority = priority
         self.tenant = tenant
+        self.tier = ""  # workload's explicit class (queue policy `tiered` with by: tier)
         self.prefix = prefix  # content identity for prefix caching (None: all unique)
         self.status = Status.WAITING
         self.num_computed_tokens = 0

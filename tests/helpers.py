@@ -11,15 +11,17 @@ from simulator.schedulers import BATCHING_MODES, QUEUE_POLICIES, Scheduler
 
 def make_scheduler(num_blocks=7, block_size=4, budget=8, max_num_seqs=4, batching="continuous",
                    policy="fcfs", vectorized=True, contiguous=None, total_slots=0, max_model_len=0,
-                   caching=False, eviction="lru", chunk_tokens=4):
+                   caching=False, eviction="lru", chunk_tokens=4, queue_params=None,
+                   chunked_prefill=True, swap=None):
     if contiguous:
         kv = ContiguousAllocator(total_slots, reserve=contiguous, max_model_len=max_model_len)
     else:
         kv = PagedAllocator(num_blocks=num_blocks, block_size=block_size,
                             enable_prefix_caching=caching, eviction=eviction,
                             prefix_chunk_tokens=chunk_tokens)
-    sched = Scheduler(kv, QUEUE_POLICIES.get(policy)(), BATCHING_MODES.get(batching)(),
-                      max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+    sched = Scheduler(kv, QUEUE_POLICIES.get(policy)(**(queue_params or {})),
+                      BATCHING_MODES.get(batching)(), max_num_seqs=max_num_seqs,
+                      max_num_batched_tokens=budget, chunked_prefill=chunked_prefill, swap=swap)
     sched.vectorized = vectorized
     return sched
 
@@ -31,9 +33,12 @@ def drive(sched, arrivals: dict[int, list[tuple[int, int]]], max_steps=10_000):
     log, next_id, step = [], 0, 0
     pending = dict(arrivals)
     while step < max_steps:
-        for prompt, output, *prefix in pending.pop(step, []):
-            sched.add_request(Request(next_id, float(step), prompt, output,
-                                      prefix=np.asarray(prefix[0]) if prefix else None))
+        for prompt, output, *extra in pending.pop(step, []):
+            # extra: a prefix chunk-id list, or a priority int
+            prefix = np.asarray(extra[0]) if extra and isinstance(extra[0], list) else None
+            priority = extra[0] if extra and isinstance(extra[0], int) else 0
+            sched.add_request(Request(next_id, float(step), prompt, output, priority,
+                                      prefix=prefix))
             next_id += 1
         if not sched.has_work:
             if not pending:

@@ -41,6 +41,8 @@ class Static:
         sizes: list[int] = []
         while len(sched.queue) and len(sizes) < sched.max_num_seqs:
             req = sched.queue.peek()
+            if req is None:
+                break
             size = sched.kv.max_request_slots(req)
             if not sched.kv.can_fit(sizes + [size]):
                 break

@@ -96,19 +96,26 @@ class Batch:
     num_decode_tokens: int
     num_preempted: int
     num_admitted: int
+    swap_s: float = 0.0  # GPU<->CPU swap time charged to this step
 
 
 class Scheduler:
     def __init__(self, kv, queue, batching, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 recorder=None) -> None:
+                 recorder=None, chunked_prefill: bool = True, swap=None) -> None:
         self.kv = kv
         self.queue = queue
         self.batching = batching
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        # False: vLLM v0's prefill-first steps (whole prompts, no decodes alongside)
+        self.chunked_prefill = chunked_prefill
+        self.swap = swap  # a SwapSpace: preempt by swapping to CPU while it has room
+        self.step_swap_s = 0.0  # swap time charged to the step being scheduled
         self.running = RunningBatch(max_num_seqs)
         self.recorder = recorder
         self.num_preemptions = 0
+        self.num_swapped = 0
+        queue.configure(max_num_seqs, kv.total_slots)
         self.last_preempted: list[Request] = []  # victims of the latest step, in order
         self.vectorized = True  # False: the sequential reference loop only (tests)
 
@@ -123,6 +130,7 @@ class Scheduler:
 
     def admit(self, req: Request, num_computed: int, capacity: int, now: float) -> int:
         slot = self.running.append(req, num_computed, capacity)
+        self.queue.on_run(req)
         req.status = Status.RUNNING
         if req.first_scheduled_s < 0:
             req.first_scheduled_s = now
@@ -131,11 +139,20 @@ class Scheduler:
         return slot
 
     def _preempt(self, i: int, now: float) -> Request:
+        """Swap the victim's KV to CPU when a swap space has room (it keeps its computed
+        tokens), else recompute (vLLM v1: KV freed, computed tokens reset). Either way it goes
+        back in line through the queue policy."""
         req = self.running.write_back(i)
+        swap = self.swap
+        if swap is not None and req.num_computed_tokens and swap.can_hold(req.num_computed_tokens):
+            self.step_swap_s += swap.swap_out(req, req.num_computed_tokens)
+            self.num_swapped += 1
+        else:
+            req.num_computed_tokens = 0
         self.kv.free(req, now)
-        req.num_computed_tokens = 0
         req.num_preemptions += 1
         req.status = Status.PREEMPTED
+        self.queue.on_stop(req)
         self.running.remove(i)
         self.queue.prepend(req)
         self.num_preemptions += 1
@@ -144,6 +161,9 @@ class Scheduler:
     # --- one step ------------------------------------------------------------------------
     def schedule(self, now: float) -> Batch:
         self.kv.now = now
+        self.step_swap_s = 0.0
+        if not self.chunked_prefill:
+            return self._schedule_prefill_first(now)
         formed = self.batching.form_batch(self, now)
         if self.vectorized:
             budget, preempted = self._schedule_running_vectorized(now)
@@ -162,7 +182,8 @@ class Scheduler:
         cannot serve goes through `_schedule_one` (preemption), then the next segment starts."""
         rb = self.running
         budget = self.max_num_batched_tokens
-        rb.n[:rb.m] = 0
+        if self.chunked_prefill:
+            rb.n[:rb.m] = 0
         preempted: list[Request] = []
         i = 0
         kv = self.kv
@@ -244,21 +265,46 @@ class Scheduler:
         rb.n[i] = num_new
         return budget - num_new, i + 1, False
 
-    def _admit_waiting(self, budget: int, now: float) -> int:
+    def _admit_waiting(self, budget: int, now: float, whole: bool = False) -> int:
+        """Step 3. `whole`: prompts are not split (prefill-first); one that exceeds the budget
+        left waits for the next step."""
         admitted = 0
+        swap = self.swap
         while len(self.queue) and budget > 0 and self.running.m < self.max_num_seqs:
             req = self.queue.peek()
-            hit = self.kv.get_computed_tokens(req)
-            num_new = min(req.num_tokens - hit, budget)
-            cap = self.kv.allocate_slots(req, num_new, hit)
+            if req is None:  # the policy admits nobody now (a tier at its share cap)
+                break
+            swapped = swap is not None and swap.holds(req)
+            computed = req.num_computed_tokens if swapped else self.kv.get_computed_tokens(req)
+            num_new = req.num_tokens - computed
+            if whole and num_new > budget:
+                break
+            num_new = min(num_new, budget)
+            cap = self.kv.allocate_slots(req, num_new, computed)
             if cap is None:
                 break
             self.queue.pop()
-            slot = self.admit(req, hit, cap, now)
+            if swapped:
+                self.step_swap_s += swap.swap_in(req)
+            slot = self.admit(req, computed, cap, now)
             self.running.n[slot] = num_new
             budget -= num_new
             admitted += 1
         return admitted
+
+    def _schedule_prefill_first(self, now: float) -> Batch:
+        """vLLM v0 without chunked prefill: a step runs whole prompts of waiting requests if
+        any can be admitted (running decodes pause), else one decode for each running one."""
+        self.running.n[:self.running.m] = 0
+        admitted = self._admit_waiting(self.max_num_batched_tokens, now, whole=True)
+        preempted: list[Request] = []
+        if not admitted:
+            if self.vectorized:
+                _, preempted = self._schedule_running_vectorized(now)
+            else:
+                _, preempted = self._schedule_running_sequential(0, self.max_num_batched_tokens, now)
+        self.last_preempted = preempted
+        return self._summarise(len(preempted), admitted)
 
     def _summarise(self, num_preempted: int, num_admitted: int) -> Batch:
         rb = self.running
@@ -277,7 +323,7 @@ class Scheduler:
             kv_tokens=int(reach @ scheduled),
         )
         return Batch(shape, int(np.count_nonzero(scheduled)), t - decodes, decodes,
-                     num_preempted, num_admitted)
+                     num_preempted, num_admitted, self.step_swap_s)
 
     def commit(self, now: float) -> list[Request]:
         """Apply the step that just ran: advance tokens, sample, finish. Returns finished."""
@@ -305,6 +351,7 @@ class Scheduler:
                 req = rb.write_back(i)
                 req.finish_s = now
                 req.status = Status.FINISHED
+                self.queue.on_stop(req)
                 self.kv.free(req, now)
                 finished.append(req)
             rb.compress(~done)
