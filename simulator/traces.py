@@ -391,7 +391,7 @@ def apply_transforms(work: RequestArrays, cfg: WorkloadConfig,
     4. speedup k: inter-arrivals / k; target_rate r: k = r / mean rate; bursts keep their shape
        because every gap is scaled alike (the inter-arrival CV is unchanged);
     5. max_model_len L: prompt cut to at most L - 1 tokens, then output to L - prompt (counted;
-       the prompt's chunk ids are cut to match);
+       a clipped request's chunk ids are cut to its new prompt);
     and the first request is moved to t=0 after each step that drops requests.
     """
     info = dict(work.info)
@@ -426,14 +426,18 @@ def apply_transforms(work: RequestArrays, cfg: WorkloadConfig,
         cap = cfg.max_model_len
         prompt = np.minimum(work.prompt_tokens, cap - 1)
         output = np.minimum(work.output_tokens, cap - prompt)
-        info["clipped_to_max_model_len"] = int(((prompt != work.prompt_tokens)
-                                                | (output != work.output_tokens)).sum())
+        clipped = (prompt != work.prompt_tokens) | (output != work.output_tokens)
+        info["clipped_to_max_model_len"] = int(clipped.sum())
+        if work.prefix is not None and clipped.any():
+            # A clipped request keeps the ids of its (cut) prompt only: its answer no longer
+            # follows the original text.
+            block = work.prefix_block_tokens
+            keep = np.where(clipped, num_chunks(prompt, block), num_chunks(prompt + output, block))
+            if isinstance(work.prefix, ChunkIds):
+                work.prefix = work.prefix.truncate(keep)
+            else:
+                work.prefix = [p[:k] for p, k in zip(work.prefix, keep)]
         work.prompt_tokens, work.output_tokens = prompt, output
-        if isinstance(work.prefix, ChunkIds):
-            work.prefix = work.prefix.truncate(num_chunks(prompt, work.prefix_block_tokens))
-        elif work.prefix is not None:
-            need = num_chunks(prompt, work.prefix_block_tokens)
-            work.prefix = [p[:k] for p, k in zip(work.prefix, need)]
     if len(work):
         work = _rezero(work)
     work.info = info

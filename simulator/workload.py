@@ -14,20 +14,23 @@ Invariants of every RequestArrays:
 
 Prefix identity (the contract with prefix caching):
 - `prefix` is None (all prompt content unique) or a sequence with one int64 array per request
-  (a `ChunkIds`, or a plain list) of content-chunk ids; chunk j covers prompt tokens
-  [j*B, min((j+1)*B, prompt_tokens)) with B = `prefix_block_tokens` (512 by default, the
-  block of Mooncake's hash_ids), so a request has ceil(prompt_tokens / B) ids.
+  (a `ChunkIds`, or a plain list) of content-chunk ids; chunk j covers tokens
+  [j*B, (j+1)*B) of the request's token stream (prompt, then output) with B =
+  `prefix_block_tokens` (512 by default, the block of Mooncake's hash_ids). A request has
+  ceil(prompt_tokens / B) ids, or ceil((prompt_tokens + output_tokens) / B) when the ids also
+  describe its answer (generated sessions do: the next turn resends it).
 - Two requests with the same id at position j hold identical tokens wherever both cover that
   chunk; ids are chained (an id implies its whole prefix), so the shared prefix of two prompts
   is the longest run of equal leading ids. A last, partial chunk may carry the id of a full one
   (a session's turn k ends mid-chunk; turn k+1 fills it): only its first tokens are shared.
 
-    turn 1 prompt:  [ s0 | s1 | u0 | u1' ]             s* system prompt (shared by all users)
-    turn 2 prompt:  [ s0 | s1 | u0 | u1  | u2 | u3' ]  u* this session's stream
+    turn 1 prompt+answer:  [ s0 | s1 | u0 | u1 | u2' ]             s* system prompt (shared)
+    turn 2 prompt+answer:  [ s0 | s1 | u0 | u1 | u2 | u3 | u4' ]   u* this session's stream
 
 - Generators build ids from streams: each session (or lone request) owns a stream of ids;
   the full chunks of a shared system prompt come first and repeat across its users (Zipf
   popularity); the chunk straddling system prompt and user text belongs to the stream.
+  Requests outside sessions get ids for their prompt only.
 
 Determinism: every stochastic piece draws from its own child of one SeedSequence(seed).
 """
@@ -482,18 +485,19 @@ def _zipf_choice(rng: np.random.Generator, count: int, s: float, n: int) -> np.n
     return np.searchsorted(cdf / cdf[-1], rng.random(n), side="right").clip(max=count - 1)
 
 
-def _stream_ids(stream: np.ndarray, prompt: np.ndarray, sys_idx: np.ndarray,
+def _stream_ids(stream: np.ndarray, covered: np.ndarray, sys_idx: np.ndarray,
                 sys_tokens: np.ndarray, block: int) -> ChunkIds:
     """Chunk ids from streams (module docstring): system-prompt chunks, then stream chunks.
+    `covered[r]` is how many tokens of its stream request r describes (prompt, + output).
 
     1. system prompt p owns floor(tokens_p / block) ids, numbered first;
-    2. stream s owns max over its requests of ceil(prompt / block) ids, numbered next;
+    2. stream s owns max over its requests of ceil(covered / block) ids, numbered next;
     3. chunk j of request r is the system prompt's j-th id while j is inside its full chunks,
        else its stream's j-th id.
     """
     sys_full = sys_tokens // block
     sys_base = np.concatenate([[0], np.cumsum(sys_full)])
-    counts = num_chunks(prompt, block)
+    counts = num_chunks(covered, block)
     num_streams = int(stream.max()) + 1 if len(stream) else 0
     stream_len = np.zeros(num_streams, dtype=np.int64)
     np.maximum.at(stream_len, stream, counts)
@@ -578,7 +582,9 @@ def _synthetic_stream(spec: dict[str, Any], cfg: WorkloadConfig, n: int | None,
         order = order[arrival[order] < duration_s]
     prefix = None
     if with_prefix:
-        prefix = _stream_ids(session, prompt, sys_idx[session], sys_tokens,
+        # A session's next turn resends this turn's answer: its ids describe the output too.
+        covered = prompt + output if sessions is not None else prompt
+        prefix = _stream_ids(session, covered, sys_idx[session], sys_tokens,
                              cfg.prefix_block_tokens).take(order)
     out = RequestArrays(arrival[order], prompt[order], output[order],
                         np.full(len(order), spec.get("priority", 0), dtype=np.int64),

@@ -187,8 +187,8 @@ def test_sessions_grow_history_and_share_prefix_ids():
             ids_prev, ids_cur = w.prefix[prev], w.prefix[cur]
             assert np.array_equal(ids_cur[:len(ids_prev)], ids_prev)  # history shared
             checked += 1
-        for i in rows:
-            assert len(w.prefix[i]) == -(-w.prompt_tokens[i] // 64)
+        for i in rows:  # ids describe prompt + answer (the next turn resends the answer)
+            assert len(w.prefix[i]) == -(-(w.prompt_tokens[i] + w.output_tokens[i]) // 64)
     assert checked > 50
     # different sessions share nothing without system prompts
     a, b = np.flatnonzero(w.session_id == 0)[0], np.flatnonzero(w.session_id == 1)[0]
@@ -283,3 +283,16 @@ def test_config_defaults_filled_and_bounds():
     assert WorkloadConfig(trace="x.csv").num_requests is None  # a trace is replayed whole
     t = WorkloadConfig(tenants=[{"name": "a"}])
     assert t.tenants[0]["arrival"] == {"process": "poisson", "rate": 20.0}  # inherited
+
+
+def test_clipping_a_session_workload_cuts_ids_of_clipped_requests_only():
+    full = gen(5, duration_s=900, arrival={"process": "poisson", "rate": 0.5}, sessions=SESSIONS)
+    w = gen(5, duration_s=900, arrival={"process": "poisson", "rate": 0.5}, sessions=SESSIONS,
+            max_model_len=1500)
+    clipped = (w.prompt_tokens != full.prompt_tokens) | (w.output_tokens != full.output_tokens)
+    assert 0 < clipped.sum() == w.info["clipped_to_max_model_len"] < len(w)
+    assert (w.prompt_tokens + w.output_tokens).max() <= 1500
+    for i in range(len(w)):
+        n = w.prompt_tokens[i] + (0 if clipped[i] else w.output_tokens[i])
+        assert len(w.prefix[i]) == -(-n // 512)
+        assert np.array_equal(w.prefix[i], full.prefix[i][:len(w.prefix[i])])
