@@ -61,10 +61,16 @@ class SimConfig:
     seed: int = 0
     engine: EngineConfig = field(default_factory=EngineConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    alerts: dict = field(default_factory=dict)  # rule overrides (alerts.py); {} = seed defaults
+    slo: dict = field(default_factory=dict)  # ttft_s / tpot_s targets (metrics.py); {} = defaults
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        from simulator.alerts import resolve_rules  # each section is validated by its owner
+        from simulator.metrics import resolve_slo
+        resolve_rules(self.alerts)
+        resolve_slo(self.slo)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

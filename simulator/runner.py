@@ -5,6 +5,7 @@ Outputs in the run directory:
 - requests.parquet one row per request (finished and rejected)
 - iterations.parquet one row per engine step
 - config.yaml      the resolved configuration (every default filled in)
+- timeseries.parquet, openmetrics.txt, alerts.json   monitoring (metrics.write_monitoring)
 Same config + seed => byte-identical files: no wall clock and no global RNG reach them.
 """
 
@@ -27,7 +28,7 @@ from simulator.costmodel import CostModel
 from simulator.gpus import GpuSpec, get_gpu
 from simulator.kvcache import build_allocator
 from simulator.memory import MemoryPlan, plan_memory
-from simulator.metrics import MetricsRecorder, clean_floats, summarize
+from simulator.metrics import MetricsRecorder, clean_floats, summarize, write_monitoring
 from simulator.models import ModelSpec, get_model
 from simulator.replica import Replica, feed_arrivals
 from simulator.schedulers import BATCHING_MODES, QUEUE_POLICIES, Scheduler
@@ -89,7 +90,8 @@ class Result:
     wall_s: float = field(default=0.0)  # informational only, never written to outputs
     scheduler: Scheduler | None = field(default=None, repr=False)  # final state, for inspection
 
-    def write(self, out_dir: str | Path) -> Path:
+    def write(self, out_dir: str | Path, *, interval_s: float = 1.0) -> Path:
+        """The run directory; `interval_s` is the sampling interval of the time series."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(
@@ -97,6 +99,8 @@ class Result:
         (out / "config.yaml").write_text(yaml.safe_dump(self.setup.resolved_dict(), sort_keys=True))
         self.requests.to_parquet(out / "requests.parquet", index=False)
         self.iterations.to_parquet(out / "iterations.parquet", index=False)
+        write_monitoring(out, self.requests, self.iterations, alerts=self.setup.config.alerts,
+                         interval_s=interval_s, labels={"model_name": self.setup.model.name})
         return out
 
 
@@ -134,7 +138,8 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *, progress=No
     t0 = time.perf_counter()
     env.run()
     wall = time.perf_counter() - t0
-    summary = summarize(recorder, replica.num_arrived)
+    summary = summarize(recorder, replica.num_arrived, slo=config.slo, alerts=config.alerts,
+                        kv_allocator=config.engine.kv_allocator)
     summary["config"] = {"model": s.model.name, "gpu": s.gpu.name,
                          "tensor_parallel_size": e.tensor_parallel_size,
                          "kv_allocator": config.engine.kv_allocator,

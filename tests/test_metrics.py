@@ -1,0 +1,147 @@
+"""Hand-built scenarios whose every metric is computed by hand below.
+
+Scenario (fixed step time 0.25 s, so all times are exact binary fractions; block_size 16):
+  r0 arrives 0.000, prompt 20, output 3;  r1 arrives 0.375, prompt 10, output 2.
+
+  step  time        scheduled            after the step (what the gauges show)
+  1     0.00-0.25   r0 prefill 20        r0 first token; running 1, waiting 0; 2 blocks, 20 stored
+  2     0.25-0.50   r0 decode 1          r1 arrived at .375: running 1, waiting 1; 2 blocks, 21 stored
+  3     0.50-0.75   r0 decode, r1 pf 10  r0 finishes, frees; r1 first token; running 1; 1 block, 10 stored
+  4     0.75-1.00   r1 decode 1          r1 finishes; everything 0
+
+Gauges hold their post-step value until the next step ends (0 before the first):
+  [0, .25) 0   [.25, .5) 32 slots / 20 stored / 0 waiting   [.5, .75) 32 / 21 / 1   [.75, 1) 16 / 10 / 0
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simulator.config import build_config
+from simulator.costmodel import CostModel
+from simulator.errors import ConfigError
+from simulator.metrics import MetricsRecorder, histogram, resolve_slo
+from simulator.runner import run
+from simulator.workload import RequestArrays
+
+STEP_S = 0.25
+
+
+def two_requests() -> RequestArrays:
+    return RequestArrays(np.array([0.0, 0.375]), np.array([20, 10], np.int64),
+                         np.array([3, 2], np.int64), np.zeros(2, np.int64))
+
+
+@pytest.fixture
+def fixed_step(monkeypatch):
+    monkeypatch.setattr(CostModel, "step_time", lambda self, shape: STEP_S)
+
+
+def run_two(**extra):
+    extra = {"slo": {"ttft_s": 0.3, "tpot_s": 0.25}, **extra}
+    return run(build_config(None, [], extra), two_requests())
+
+
+def test_latency_throughput_and_slo_by_hand(fixed_step):
+    s = run_two().summary
+    # r0: TTFT .25, TPOT (.75-.25)/2 = .25, E2E .75, queue 0
+    # r1: TTFT .75-.375 = .375, TPOT .25, E2E 1.0-.375 = .625, queue .5-.375 = .125
+    lat = s["latency_s"]
+    assert lat["ttft"] == {"mean": 0.3125, "p50": 0.3125, "p90": 0.25 + 0.9 * 0.125,
+                           "p99": 0.25 + 0.99 * 0.125, "max": 0.375}
+    assert lat["tpot"] == {"mean": 0.25, "p50": 0.25, "p90": 0.25, "p99": 0.25, "max": 0.25}
+    assert lat["itl"] == {"mean": 0.25, "p50": 0.25, "p90": 0.25, "p99": 0.25, "max": 0.25}
+    assert lat["e2e"]["mean"] == 0.6875 and lat["e2e"]["max"] == 0.75
+    assert lat["queue"]["mean"] == 0.0625 and lat["queue"]["max"] == 0.125
+    assert s["window"] == {"start_s": 0.0, "end_s": 1.0} and s["makespan_s"] == 1.0
+    assert s["busy_s"] == 1.0
+    assert s["throughput"] == {"requests_per_s": 2.0, "input_tokens_per_s": 30.0,
+                               "output_tokens_per_s": 5.0}
+    # SLO ttft <= .3 and tpot <= .25: r0 meets both, r1 misses TTFT (.375)
+    assert s["slo"] == {"ttft_s": 0.3, "tpot_s": 0.25, "met": 1, "share": 0.5,
+                        "goodput_requests_per_s": 1.0}
+
+
+def test_gauges_fragmentation_and_batches_by_hand(fixed_step):
+    s = run_two().summary
+    blocks = s["kv_cache"]["total_slots"] // 16  # vLLM: usage = used blocks / usable blocks
+    kv = s["kv_cache"]
+    # used slots: 32, 32, 16 over three quarter-seconds -> (32 + 32 + 16) / 4 = 20
+    assert kv["used_slots_mean"] == 20.0
+    assert kv["usage_mean"] == pytest.approx((2 + 2 + 1) * 0.25 / blocks, rel=1e-12)
+    assert kv["usage_p95"] == kv["usage_max"] == pytest.approx(2 / blocks, rel=1e-12)
+    # waiting is 1 only over [.5, .75): mean .25; at or below 0 for 75 % of the time -> p95 = 1
+    assert s["queue"] == {"pending_mean": 0.25, "pending_p95": 1.0, "pending_max": 1.0,
+                          "running_mean": 0.75}
+    # internal = allocated - stored = 12, 11, 6 -> mean (12 + 11 + 6) / 4 = 7.25;
+    # share of allocated 7.25 / 20; token states (20 + 21 + 10) / 4 / 20 = .6375; paged: no external
+    assert s["fragmentation"] == {"internal_slots_mean": 7.25, "internal_slots_max": 12.0,
+                                  "internal_share_of_allocated": 0.3625, "external_slots_mean": 0.0,
+                                  "token_state_share": 0.6375,
+                                  "token_state_share_of_allocated": 0.6375}
+    # batches: seqs 1, 1, 2, 1; tokens 20, 1, 11, 1
+    b = s["batch"]
+    assert b["num_iterations"] == 4 and b["max_running"] == 1
+    assert b["num_seqs"]["mean"] == 1.25 and b["num_seqs"]["p50"] == 1.0
+    assert b["num_seqs"]["p90"] == pytest.approx(1.7) and b["num_seqs"]["max"] == 2.0
+    assert b["num_seqs"]["histogram"] == {"upper_bounds": [1, 2], "counts": [3, 1]}
+    assert b["num_tokens"]["mean"] == 8.25 and b["num_tokens"]["p50"] == 6.0  # (1 + 11) / 2
+    assert b["num_tokens"]["p90"] == pytest.approx(11 + 0.7 * 9)
+    assert b["num_tokens"]["histogram"] == {"upper_bounds": [1, 2, 4, 8, 16, 32],
+                                            "counts": [2, 0, 0, 0, 1, 1]}
+    assert s["preemptions"] == {"total": 0, "per_s": 0.0, "requests_share": 0.0, "rate": 0.0}
+    assert s["prefix_cache"]["hit_rate"] is None or s["prefix_cache"]["hit_rate"] == 0.0
+    assert s["alerts"]["fired"] == []
+
+
+def test_contiguous_oracle_fragmentation_by_hand(fixed_step):
+    # oracle reserves prompt + output: r0 23 slots, r1 12. Allocated 23, 23, 12; stored 20, 21, 10
+    s = run_two(**{"engine.kv_allocator": "contiguous",
+                   "engine.contiguous_reserve": "oracle"}).summary
+    fr = s["fragmentation"]
+    assert s["kv_cache"]["used_slots_mean"] == (23 + 23 + 12) / 4
+    assert fr["internal_slots_mean"] == (3 + 2 + 2) / 4
+    assert fr["token_state_share_of_allocated"] == pytest.approx(51 / 58, rel=1e-12)
+    # the contiguous allocator records no hole sizes: external fragmentation is unknown
+    assert fr["external_slots_mean"] is None and fr["token_state_share"] is None
+
+
+def test_alert_on_hand_built_run(fixed_step):
+    # waiting > 0 holds over [.5, .75); sustained 0.2 s -> fires over [.7, .75), peak 1
+    s = run_two(alerts={"pending_high": {"threshold": 0, "for_s": 0.2}}).summary
+    rule = s["alerts"]["rules"]["pending_high"]
+    assert s["alerts"]["fired"] == ["pending_high"]
+    assert rule["num_firings"] == 1 and rule["peak"] == 1.0
+    assert rule["first_start_s"] == pytest.approx(0.7) and rule["firing_s"] == pytest.approx(0.05)
+
+
+def test_optional_iteration_columns_are_used():
+    rec = MetricsRecorder(total_slots=64)
+    base = (0.0, 1.0, 1, 8, 8, 0, 0, 1, 1, 0, 16, 0.25, 8)
+    rec.iteration(*base, prefix_cache_queries=8, prefix_cache_hits=0)
+    rec.iteration(1.0, 1.0, 1, 8, 8, 0, 0, 1, 1, 0, 16, 0.25, 8,
+                  prefix_cache_queries=8, prefix_cache_hits=6)
+    it = rec.iterations_frame()
+    assert it.prefix_cache_queries.tolist() == [8, 8] and it.prefix_cache_hits.tolist() == [0, 6]
+    with pytest.raises(ValueError, match="did you mean 'prefix_cache_hits'"):
+        rec.iteration(*base, prefix_cache_hit=1)
+    rec2 = MetricsRecorder(total_slots=64)
+    rec2.iteration(*base, num_sampled=1)
+    rec2.iteration(*base)
+    with pytest.raises(ValueError, match="every step or never"):
+        rec2.iterations_frame()
+
+
+def test_histogram_buckets():
+    assert histogram(np.array([1, 2, 3, 4, 5, 9])) == {"upper_bounds": [1, 2, 4, 8, 16],
+                                                       "counts": [1, 1, 2, 1, 1]}
+    assert histogram(np.zeros(0)) == {"upper_bounds": [], "counts": []}
+
+
+def test_slo_validation():
+    assert resolve_slo(None).ttft_s == 2.0 and resolve_slo({"tpot_s": None}).tpot_s is None
+    with pytest.raises(ConfigError, match=r"slo.ttft_s must be a number of seconds > 0.*-1"):
+        resolve_slo({"ttft_s": -1})
+    with pytest.raises(ConfigError, match="did you mean 'tpot_s'"):
+        build_config(None, ["slo.tpot=0.1"])
