@@ -10,7 +10,8 @@ import sys
 from simulator import __version__
 from simulator.errors import ConfigError
 
-SUBCOMMANDS = ["simulator.cli_run", "simulator.cli_workload"]
+SUBCOMMANDS = ["simulator.cli_run", "simulator.cli_workload", "simulator.cli_plot",
+               "simulator.cli_report"]
 
 
 def build_parser() -> argparse.ArgumentParser:
