@@ -31,10 +31,19 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None  # None: 2048, or 8192 on >= 70 GiB non-A100 (vLLM)
     tensor_parallel_size: int = 1
     activation_reserve_gib: float | None = None  # None: estimated (memory.py)
+    num_gpu_blocks_override: int | None = None  # vLLM's flag: use this many KV blocks instead
     kv_allocator: str = "paged"  # paged | contiguous
     contiguous_reserve: str = "max_model_len"  # max_model_len | pow2 | oracle (contiguous only)
+    enable_prefix_caching: bool = True  # vLLM v1's default (paged only)
+    eviction_policy: str = "lru"  # lru | lru_ttl | lfu (which cached blocks are reused first)
+    eviction_ttl_s: float = 60.0  # lru_ttl: blocks not accessed for this long are evicted first
     scheduler: str = "continuous"  # continuous | static
-    queue_policy: str = "fcfs"
+    enable_chunked_prefill: bool = True  # vLLM v1; false: prefill-first steps (vLLM v0)
+    prefill_chunk_size: int | None = None  # the seed's name for the token budget per step
+    queue_policy: str = "fcfs"  # fcfs | priority | tiered
+    queue_params: dict = field(default_factory=dict)  # tiered: {by, tiers: [...]}
+    preemption_mode: str = "recompute"  # recompute (vLLM v1) | swap (vLLM v0)
+    swap_space_gib: float = 4.0  # CPU swap space per GPU, vLLM v0's default
 
     def __post_init__(self) -> None:
         s = "engine"
@@ -43,12 +52,36 @@ class EngineConfig:
                 and 0 < self.gpu_memory_utilization <= 1):
             raise ConfigError(f"{s}.gpu_memory_utilization must be in (0, 1], "
                               f"got {self.gpu_memory_utilization!r}")
-        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                     "num_gpu_blocks_override"):
             _positive_int(s, name, getattr(self, name), allow_none=True)
         _positive_int(s, "tensor_parallel_size", self.tensor_parallel_size)
         if self.activation_reserve_gib is not None and not self.activation_reserve_gib >= 0:
             raise ConfigError(f"{s}.activation_reserve_gib must be >= 0, "
                               f"got {self.activation_reserve_gib!r}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ConfigError(f"{s}.enable_prefix_caching must be true or false, "
+                              f"got {self.enable_prefix_caching!r}")
+        if isinstance(self.eviction_ttl_s, bool) or not (
+                isinstance(self.eviction_ttl_s, (int, float)) and self.eviction_ttl_s > 0):
+            raise ConfigError(f"{s}.eviction_ttl_s must be > 0 seconds, got {self.eviction_ttl_s!r}")
+        for flag in ("enable_chunked_prefill",):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"{s}.{flag} must be true or false, got {getattr(self, flag)!r}")
+        _positive_int(s, "prefill_chunk_size", self.prefill_chunk_size, allow_none=True)
+        if (self.prefill_chunk_size is not None and self.max_num_batched_tokens is not None
+                and self.prefill_chunk_size != self.max_num_batched_tokens):
+            raise ConfigError(f"{s}.prefill_chunk_size ({self.prefill_chunk_size}) and "
+                              f"max_num_batched_tokens ({self.max_num_batched_tokens}) name the same "
+                              f"budget; set one of them")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ConfigError(f"{s}.preemption_mode must be recompute or swap, "
+                              f"got {self.preemption_mode!r}")
+        if isinstance(self.swap_space_gib, bool) or not (
+                isinstance(self.swap_space_gib, (int, float)) and self.swap_space_gib > 0):
+            raise ConfigError(f"{s}.swap_space_gib must be > 0, got {self.swap_space_gib!r}")
+        if not isinstance(self.queue_params, dict):
+            raise ConfigError(f"{s}.queue_params must be a mapping, got {self.queue_params!r}")
         if self.contiguous_reserve not in ("max_model_len", "pow2", "oracle"):
             raise ConfigError(f"{s}.contiguous_reserve must be one of max_model_len, pow2, oracle, "
                               f"got {self.contiguous_reserve!r}")
@@ -140,11 +173,23 @@ def apply_override(data: dict[str, Any], key: str, value: Any) -> None:
             every = top + [f"{s}.{n}" for s, c in _SECTIONS.items() for n in _field_names(c)]
             raise ConfigError(f"--set: unknown key {key!r}{did_you_mean(key, every)}")
     node = data
-    for p in parts[:-1]:
-        node = node.setdefault(p, {})
+    for depth, p in enumerate(parts[:-1]):
+        if p not in node:
+            # `--set workload.prompt_tokens.mean=600` tweaks the default mapping, not a blank one
+            node[p] = _default_mapping(parts[0], p) if depth == 1 else {}
+        node = node[p]
         if not isinstance(node, dict):
             raise ConfigError(f"--set {key}: {p} is not a section")
     node[parts[-1]] = value
+
+
+def _default_mapping(section: str, name: str) -> dict[str, Any]:
+    cls = _SECTIONS.get(section)
+    for f in dataclasses.fields(cls) if cls else ():
+        if f.name == name and f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+            return dict(default) if isinstance(default, dict) else {}
+    return {}
 
 
 def build_config(path: str | Path | None = None, overrides: list[str] | None = None,
@@ -180,11 +225,16 @@ def resolve_engine(engine: EngineConfig, gpu: GpuSpec, model_max_len: int) -> Re
     if max_model_len > model_max_len:
         raise ConfigError(f"engine.max_model_len ({max_model_len}) exceeds the model's "
                           f"max_position_embeddings ({model_max_len})")
+    budget = engine.max_num_batched_tokens or engine.prefill_chunk_size or (8192 if big else 2048)
+    if not engine.enable_chunked_prefill and budget < max_model_len:
+        # vLLM refuses this too: without chunking a prompt of max_model_len must fit one step
+        raise ConfigError(f"engine.max_num_batched_tokens ({budget}) must be >= max_model_len "
+                          f"({max_model_len}) when enable_chunked_prefill is false")
     return ResolvedEngine(
         block_size=engine.block_size,
         gpu_memory_utilization=engine.gpu_memory_utilization,
         max_model_len=max_model_len,
         max_num_seqs=engine.max_num_seqs or (1024 if big else 256),
-        max_num_batched_tokens=engine.max_num_batched_tokens or (8192 if big else 2048),
+        max_num_batched_tokens=budget,
         tensor_parallel_size=engine.tensor_parallel_size,
     )

@@ -83,7 +83,8 @@ class MemoryPlan:
 
 def plan_memory(model: ModelSpec, gpu: GpuSpec, *, tp: int, block_size: int,
                 gpu_memory_utilization: float, max_num_batched_tokens: int, max_num_seqs: int,
-                max_model_len: int, activation_reserve_gib: float | None = None) -> MemoryPlan:
+                max_model_len: int, activation_reserve_gib: float | None = None,
+                num_gpu_blocks_override: int | None = None) -> MemoryPlan:
     """Steps: 1. bytes per token per GPU; 2. weights and activation shares; 3. KV budget;
     4. blocks; 5. check that one max_model_len request fits (vLLM refuses to start otherwise)."""
     kv_per_token = kv_bytes_per_token_per_gpu(model, tp)
@@ -103,6 +104,8 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, *, tp: int, block_size: int,
             f"need {weights / GIB:.1f} GiB/GPU and activations {(activation + non_torch) / GIB:.1f} GiB; "
             f"raise tensor_parallel_size or gpu_memory_utilization, or pick a larger GPU")
     num_blocks = budget // (block_size * kv_per_token)
+    if num_gpu_blocks_override is not None:  # vLLM: profiling is kept, the count replaced
+        num_blocks = num_gpu_blocks_override
     plan = MemoryPlan(total, requested, weights, activation, non_torch, budget, kv_per_token,
                       block_size, num_blocks)
     if plan.max_tokens < max_model_len:

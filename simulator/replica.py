@@ -67,6 +67,9 @@ class Replica:
     def run(self):
         env, sched, rec, kv = self.env, self.scheduler, self.recorder, self.kv
         step_time = self.cost.step_time
+        caching = getattr(kv, "enable_prefix_caching", False)
+        contiguous = hasattr(kv, "largest_hole")
+        queries = hits = 0  # prefix-cache counters at the previous step
         while True:
             if not sched.has_work:
                 if self.arrivals_done:
@@ -86,10 +89,17 @@ class Replica:
             finished = sched.commit(env.now)
             for req in finished:
                 rec.request_ended(req)
+            extra = {"num_sampled": batch.shape.num_sampled}
+            if caching:  # per-step increments, like vLLM's counters
+                extra["prefix_cache_queries"] = kv.prefix_queries - queries
+                extra["prefix_cache_hits"] = kv.prefix_hits - hits
+                queries, hits = kv.prefix_queries, kv.prefix_hits
+            if contiguous:
+                extra["kv_external_frag_slots"] = kv.total_slots - kv.used_slots - kv.largest_hole
             rec.iteration(start, duration, batch.num_seqs, batch.shape.num_tokens,
                           batch.num_prefill_tokens, batch.num_decode_tokens, batch.num_preempted,
                           batch.num_admitted, sched.running.m, len(sched.queue), kv.used_slots,
-                          kv.usage, sched.tokens_stored)
+                          kv.usage, sched.tokens_stored, **extra)
             if self.on_iteration is not None:
                 self.on_iteration()
 

@@ -25,13 +25,15 @@ import yaml
 from simulator import __version__
 from simulator.config import ResolvedEngine, SimConfig, resolve_engine
 from simulator.costmodel import CostModel
-from simulator.gpus import GpuSpec, get_gpu
+from simulator.errors import ConfigError
+from simulator.gpus import GIB, GpuSpec, get_gpu
 from simulator.kvcache import build_allocator
 from simulator.memory import MemoryPlan, plan_memory
 from simulator.metrics import MetricsRecorder, clean_floats, summarize, write_monitoring
 from simulator.models import ModelSpec, get_model
 from simulator.replica import Replica, feed_arrivals
 from simulator.schedulers import BATCHING_MODES, QUEUE_POLICIES, Scheduler
+from simulator.swap import SwapSpace
 from simulator.workload import RequestArrays, generate
 
 
@@ -68,15 +70,18 @@ def setup(config: SimConfig) -> Setup:
     model = get_model(config.model)
     gpu = get_gpu(config.gpu)
     BATCHING_MODES.get(config.engine.scheduler)
-    QUEUE_POLICIES.get(config.engine.queue_policy)
+    QUEUE_POLICIES.get(config.engine.queue_policy)(**config.engine.queue_params)  # validates
     from simulator.kvcache import ALLOCATORS
+    from simulator.kvcache.eviction import EVICTION_POLICIES
     ALLOCATORS.get(config.engine.kv_allocator)
+    EVICTION_POLICIES.get(config.engine.eviction_policy)
     engine = resolve_engine(config.engine, gpu, model.max_position_embeddings)
     memory = plan_memory(model, gpu, tp=engine.tensor_parallel_size, block_size=engine.block_size,
                          gpu_memory_utilization=engine.gpu_memory_utilization,
                          max_num_batched_tokens=engine.max_num_batched_tokens,
                          max_num_seqs=engine.max_num_seqs, max_model_len=engine.max_model_len,
-                         activation_reserve_gib=config.engine.activation_reserve_gib)
+                         activation_reserve_gib=config.engine.activation_reserve_gib,
+                         num_gpu_blocks_override=config.engine.num_gpu_blocks_override)
     cost = CostModel(model, gpu, engine.tensor_parallel_size, engine.max_num_batched_tokens)
     return Setup(config, model, gpu, engine, memory, cost)
 
@@ -113,19 +118,36 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *, progress=No
     seeds = np.random.SeedSequence(config.seed).spawn(2)
     if workload is None:
         workload = generate(config.workload, seeds[0])
-    if config.engine.kv_allocator == "paged":
-        kv = build_allocator("paged", num_blocks=s.memory.num_gpu_blocks + 1,
-                             block_size=e.block_size)
+    eng = config.engine
+    if eng.kv_allocator == "paged":
+        kv = build_allocator("paged", num_blocks=s.memory.num_gpu_blocks,
+                             block_size=e.block_size, enable_prefix_caching=eng.enable_prefix_caching,
+                             eviction=eng.eviction_policy,
+                             eviction_params={"ttl_s": eng.eviction_ttl_s}
+                             if eng.eviction_policy == "lru_ttl" else {},
+                             prefix_chunk_tokens=getattr(workload, "prefix_block_tokens", 512))
     else:
         kv = build_allocator(config.engine.kv_allocator,
-                             total_slots=s.memory.kv_budget_bytes // s.memory.kv_bytes_per_token,
+                             total_slots=s.memory.max_tokens if eng.num_gpu_blocks_override
+                             else s.memory.kv_budget_bytes // s.memory.kv_bytes_per_token,
                              reserve=config.engine.contiguous_reserve, max_model_len=e.max_model_len)
     recorder = MetricsRecorder(kv.total_slots)
-    scheduler = Scheduler(kv, QUEUE_POLICIES.get(config.engine.queue_policy)(),
-                          BATCHING_MODES.get(config.engine.scheduler)(),
+    swap = None
+    if eng.preemption_mode == "swap":
+        swap = SwapSpace(int(eng.swap_space_gib * GIB), kv.block_size,
+                         s.memory.kv_bytes_per_token, s.gpu.host_link_gbps,
+                         s.gpu.host_link_latency_us * 1e-6,
+                         per_block_transfers=eng.kv_allocator == "paged")
+    scheduler = Scheduler(kv, QUEUE_POLICIES.get(eng.queue_policy)(**eng.queue_params),
+                          BATCHING_MODES.get(eng.scheduler)(),
                           max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
-                          recorder=recorder)
+                          recorder=recorder, chunked_prefill=eng.enable_chunked_prefill, swap=swap)
     scheduler.vectorized = vectorized
+    if eng.queue_policy == "tiered" and eng.queue_params.get("by") == "tier":
+        tiers = getattr(workload, "tier", None)
+        if tiers is None:
+            raise ConfigError("engine.queue_params.by is 'tier' but the workload has no tier column")
+        scheduler.queue.check_names(np.unique(tiers.astype(str)).tolist())
     env = simpy.Environment()
     tick = None
     if progress is not None:

@@ -53,6 +53,17 @@ def test_continuous_never_exceeds_limits_under_pressure():
     assert res.summary["requests"]["finished"] == 300
 
 
+@pytest.mark.parametrize("caching", [True, False])
+def test_vectorized_run_equals_sequential_reference(caching):
+    c = cfg(**{"engine.max_num_seqs": 64, "engine.gpu_memory_utilization": 0.36,
+               "engine.max_model_len": 2048, "engine.enable_prefix_caching": caching,
+               "workload.arrival.rate": 200.0, "gpu": "a100-40gb", "model": "llama-2-7b"})
+    fast, slow = run(c), run(c, vectorized=False)
+    assert fast.summary["preemptions"]["total"] > 10
+    assert fast.summary == slow.summary
+    assert fast.iterations.equals(slow.iterations)
+
+
 def test_static_never_admits_into_a_running_batch():
     res = run(cfg(**{"engine.scheduler": "static", "engine.max_num_seqs": 32}))
     it = res.iterations
