@@ -172,7 +172,10 @@ def print_seeds_summary(console: Console, agg: dict) -> None:
 
 
 def _fmt(v, scale=1.0, digits=3) -> str:
-    return "-" if v is None else f"{v * scale:.{digits}g}"
+    if v is None:
+        return "-"
+    x = v * scale
+    return f"{x:,.0f}" if abs(x) >= 10 ** digits else f"{x:.{digits}g}"  # 12,345 not 1.23e+04
 
 
 def _pct(v) -> str:

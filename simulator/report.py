@@ -43,7 +43,8 @@ def _fmt(v: Any, scale: float = 1.0, digits: int = 4) -> str:
     if isinstance(v, int):
         return f"{v:,}"
     if isinstance(v, float):
-        return f"{v * scale:.{digits}g}"
+        x = v * scale
+        return f"{x:,.0f}" if abs(x) >= 10 ** digits else f"{x:.{digits}g}"  # no 1.2e+04
     return html.escape(str(v))
 
 
