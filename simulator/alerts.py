@@ -179,28 +179,25 @@ def firings(rule: AlertRule, fn: StepFunction, t0: float, t1: float) -> list[Fir
     starts, lengths, values = fn.segments(t0, t1)
     keep = lengths > 0
     starts, lengths, values = starts[keep], lengths[keep], values[keep]
-    above = values > rule.threshold
+    above = np.concatenate([[False], values > rule.threshold, [False]])
+    first_above = np.flatnonzero(~above[:-1] & above[1:])  # episode i..j: pieces above in a row
+    last_above = np.flatnonzero(above[:-1] & ~above[1:]) - 1
+    n = len(values)
+    end_at_t1 = float(fn.at(np.array([t1]))[0]) > rule.threshold  # value recorded at t1
     out: list[Firing] = []
-    i, n = 0, len(values)
-    while i < n:
-        if not above[i]:
-            i += 1
-            continue
-        j = i
-        while j + 1 < n and above[j + 1]:
-            j += 1
+    for i, j in zip(first_above.tolist(), last_above.tolist()):
         a, b = float(starts[i]), float(starts[j] + lengths[j])
-        if b - a > rule.for_s:
-            start = a + rule.for_s
-            ends = starts[i:j + 1] + lengths[i:j + 1]
-            first = i + int(np.searchsorted(ends, start, side="right"))  # piece holding `start`
-            seg = values[first:j + 1]
-            k = int(np.argmax(seg))
-            # still firing at the end only if the value recorded at t1 is above the threshold
-            resolved = j + 1 < n or not float(fn.at(np.array([t1]))[0]) > rule.threshold
-            out.append(Firing(rule.name, rule.signal, rule.threshold, start, b, float(seg[k]),
-                              max(start, float(starts[first + k])), resolved))
-        i = j + 1
+        if b - a <= rule.for_s:
+            continue
+        start = a + rule.for_s
+        ends = starts[i:j + 1] + lengths[i:j + 1]
+        first = i + int(np.searchsorted(ends, start, side="right"))  # piece holding `start`
+        seg = values[first:j + 1]
+        k = int(np.argmax(seg))
+        # still firing at the end only if the value recorded at t1 is above the threshold
+        resolved = j + 1 < n or not end_at_t1
+        out.append(Firing(rule.name, rule.signal, rule.threshold, start, b, float(seg[k]),
+                          max(start, float(starts[first + k])), resolved))
     return out
 
 

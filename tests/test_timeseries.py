@@ -47,6 +47,8 @@ def test_timeseries_of_hand_built_run(fixed_step):  # noqa: F811
     # output tokens: r0 at .25 .5 .75, r1 at .75 1.0
     assert ts["vllm:generation_tokens_total"].tolist() == [0, 1, 2, 4, 5]
     assert ts["vllm:request_success_total"].tolist() == [0, 0, 0, 1, 2]
+    assert ts["vllm:prefix_cache_queries_total"].tolist() == [0, 20, 20, 30, 30]
+    assert ts["vllm:prefix_cache_hits_total"].tolist() == [0] * 5
     assert ts["vllm:time_to_first_token_seconds_sum"].tolist() == [0, 0.25, 0.25, 0.625, 0.625]
     assert ts["vllm:iteration_tokens_total_count"].tolist() == [0, 1, 2, 3, 4]
 
@@ -64,7 +66,8 @@ def test_openmetrics_parses_with_vllm_names(fixed_step):  # noqa: F811
     fams = {f.name: f for f in parser.text_string_to_metric_families(plain + "# EOF\n")}
     assert set(fams) == {"vllm:num_requests_running", "vllm:num_requests_waiting",
                          "vllm:kv_cache_usage_perc", "vllm:num_preemptions", "vllm:prompt_tokens",
-                         "vllm:generation_tokens", "vllm:request_success"}
+                         "vllm:generation_tokens", "vllm:request_success",
+                         "vllm:prefix_cache_queries", "vllm:prefix_cache_hits"}
     run_fam = fams["vllm:num_requests_running"]
     assert run_fam.type == "gauge"
     assert [(float(s.timestamp), s.value) for s in run_fam.samples] == [
@@ -99,7 +102,7 @@ def test_promtool_imports_the_export(fixed_step, tmp_path):  # noqa: F811
     out = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(path),
                           str(tmp_path / "tsdb")], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    # 3 gauges + 4 counters + 4 histograms x (buckets + +Inf + count + sum), 5 samples each
-    num_series = 7 + (22 + 3) + 2 * (21 + 3) + (13 + 3)
+    # 3 gauges + 6 counters + 4 histograms x (buckets + +Inf + count + sum), 5 samples each
+    num_series = 9 + (22 + 3) + 2 * (21 + 3) + (13 + 3)
     row = [line for line in out.stdout.splitlines() if line[:1].isalnum() and "BLOCK" not in line]
     assert row and row[0].split()[-4:-1] == [str(5 * num_series), str(num_series), str(num_series)]
