@@ -157,7 +157,9 @@ class Tiered:
         return self.tiers[self.tier_of(req)]["name"]
 
     def push(self, req: Request) -> None:
-        self._queues[self.tier_of(req)].append(req)
+        i = self.tier_of(req)
+        req.tier = self.tiers[i]["name"]  # recorded per request, for per-tier metrics
+        self._queues[i].append(req)
         self._n += 1
 
     def prepend(self, req: Request) -> None:
