@@ -91,7 +91,8 @@ def test_gauges_fragmentation_and_batches_by_hand(fixed_step):
     assert b["num_tokens"]["histogram"] == {"upper_bounds": [1, 2, 4, 8, 16, 32],
                                             "counts": [2, 0, 0, 0, 1, 1]}
     assert s["preemptions"] == {"total": 0, "per_s": 0.0, "requests_share": 0.0, "rate": 0.0}
-    assert s["prefix_cache"]["hit_rate"] is None or s["prefix_cache"]["hit_rate"] == 0.0
+    # prefix caching on (vLLM's default), nothing shared: every prompt token queried, none hit
+    assert s["prefix_cache"] == {"queries": 30, "hits": 0, "hit_rate": 0.0}
     assert s["alerts"]["fired"] == []
 
 
@@ -106,6 +107,21 @@ def test_contiguous_oracle_fragmentation_by_hand(fixed_step):
     # external = free slots outside the largest hole: 0 while r0 [0, 23) and r1 [23, 35) are
     # placed; 23 over the last quarter-second, once r0 has left a hole below r1 -> 23 / 4
     assert fr["external_slots_mean"] == 23 / 4
+    # PagedAttention Fig 2: token states / (allocated + external) = 12.75 / (14.5 + 5.75)
+    assert fr["token_state_share"] == pytest.approx(51 / 81, rel=1e-12)
+
+
+def test_prefix_cache_hit_rate_by_hand(fixed_step):
+    # both prompts are 20 tokens whose first 16 (one block) are the same content (chunk id 7);
+    # r0 computes and caches that block in step 1; r1, admitted at .5, finds it: 16 of its 20
+    # tokens hit, so step 3 runs r0's decode + r1's last 4 prompt tokens.
+    wl = RequestArrays(np.array([0.0, 0.375]), np.array([20, 20], np.int64),
+                       np.array([3, 2], np.int64), np.zeros(2, np.int64), prefix=[[7], [7]],
+                       prefix_block_tokens=16)
+    res = run(build_config(None, []), wl)
+    assert res.summary["prefix_cache"] == {"queries": 40, "hits": 16, "hit_rate": 0.4}
+    assert res.requests.num_cached_tokens.tolist() == [0, 16]
+    assert res.iterations.num_tokens.tolist() == [20, 1, 5, 1]
 
 
 def test_alert_on_hand_built_run(fixed_step):
