@@ -96,6 +96,7 @@ class SimConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     alerts: dict = field(default_factory=dict)  # rule overrides (alerts.py); {} = seed defaults
     slo: dict = field(default_factory=dict)  # ttft_s / tpot_s targets (metrics.py); {} = defaults
+    cluster: dict = field(default_factory=dict)  # replicas / router (cluster.py); {} = one replica
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
@@ -104,6 +105,8 @@ class SimConfig:
         from simulator.metrics import resolve_slo
         resolve_rules(self.alerts)
         resolve_slo(self.slo)
+        from simulator.cluster import resolve_cluster
+        resolve_cluster(self.cluster)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

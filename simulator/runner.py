@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,8 @@ class Setup:
 
     def resolved_dict(self) -> dict[str, Any]:
         d = self.config.to_dict()
+        if not d.get("cluster"):
+            del d["cluster"]  # a single replica's config.yaml stays as it was before clusters
         d["resolved_engine"] = asdict(self.engine)
         d["num_gpu_blocks"] = self.memory.num_gpu_blocks
         d["kvsim_version"] = __version__
@@ -109,15 +112,12 @@ class Result:
         return out
 
 
-def run(config: SimConfig, workload: RequestArrays | None = None, *, progress=None,
-        vectorized: bool = True) -> Result:
-    """Steps: 1. setup (names, memory, cost); 2. workload from the seed; 3. SimPy run until
-    every arrival has finished or been rejected; 4. summary."""
-    s = setup(config)
-    e = s.engine
-    seeds = np.random.SeedSequence(config.seed).spawn(2)
-    if workload is None:
-        workload = generate(config.workload, seeds[0])
+def build_engine(s: Setup, workload: RequestArrays, make_recorder: Callable[[int], MetricsRecorder]
+                 = MetricsRecorder) -> tuple[Scheduler, MetricsRecorder]:
+    """One replica's engine from a Setup: KV allocator, optional swap space, queue policy,
+    batching mode, and the scheduler over them with its metrics recorder (the cluster builds
+    one per replica)."""
+    config, e = s.config, s.engine
     eng = config.engine
     if eng.kv_allocator == "paged":
         kv = build_allocator("paged", num_blocks=s.memory.num_gpu_blocks,
@@ -131,7 +131,7 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *, progress=No
                              total_slots=s.memory.max_tokens if eng.num_gpu_blocks_override
                              else s.memory.kv_budget_bytes // s.memory.kv_bytes_per_token,
                              reserve=config.engine.contiguous_reserve, max_model_len=e.max_model_len)
-    recorder = MetricsRecorder(kv.total_slots)
+    recorder = make_recorder(kv.total_slots)
     swap = None
     if eng.preemption_mode == "swap":
         swap = SwapSpace(int(eng.swap_space_gib * GIB), kv.block_size,
@@ -142,12 +142,40 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *, progress=No
                           BATCHING_MODES.get(eng.scheduler)(),
                           max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
                           recorder=recorder, chunked_prefill=eng.enable_chunked_prefill, swap=swap)
-    scheduler.vectorized = vectorized
     if eng.queue_policy == "tiered" and eng.queue_params.get("by") == "tier":
         tiers = getattr(workload, "tier", None)
         if tiers is None:
             raise ConfigError("engine.queue_params.by is 'tier' but the workload has no tier column")
         scheduler.queue.check_names(np.unique(tiers.astype(str)).tolist())
+    return scheduler, recorder
+
+
+def run_config_summary(s: Setup) -> dict[str, Any]:
+    """The `config` section of a summary: what identifies the run."""
+    config, e = s.config, s.engine
+    return {"model": s.model.name, "gpu": s.gpu.name,
+            "tensor_parallel_size": e.tensor_parallel_size,
+            "kv_allocator": config.engine.kv_allocator,
+            "scheduler": config.engine.scheduler, "seed": config.seed,
+            "num_gpu_blocks": s.memory.num_gpu_blocks, "block_size": e.block_size,
+            "cost_model_calibrated": s.cost.calibrated}
+
+
+def run(config: SimConfig, workload: RequestArrays | None = None, *, progress=None,
+        vectorized: bool = True) -> Result:
+    """Steps: 1. setup (names, memory, cost); 2. workload from the seed; 3. SimPy run until
+    every arrival has finished or been rejected; 4. summary."""
+    if config.cluster:
+        from simulator.cluster import resolve_cluster, run_cluster
+        if resolve_cluster(config.cluster).replicas > 1:
+            return run_cluster(config, workload, progress=progress, vectorized=vectorized)
+    s = setup(config)
+    e = s.engine
+    seeds = np.random.SeedSequence(config.seed).spawn(2)
+    if workload is None:
+        workload = generate(config.workload, seeds[0])
+    scheduler, recorder = build_engine(s, workload)
+    scheduler.vectorized = vectorized
     env = simpy.Environment()
     tick = None
     if progress is not None:
@@ -162,10 +190,5 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *, progress=No
     wall = time.perf_counter() - t0
     summary = summarize(recorder, replica.num_arrived, slo=config.slo, alerts=config.alerts,
                         kv_allocator=config.engine.kv_allocator)
-    summary["config"] = {"model": s.model.name, "gpu": s.gpu.name,
-                         "tensor_parallel_size": e.tensor_parallel_size,
-                         "kv_allocator": config.engine.kv_allocator,
-                         "scheduler": config.engine.scheduler, "seed": config.seed,
-                         "num_gpu_blocks": s.memory.num_gpu_blocks, "block_size": e.block_size,
-                         "cost_model_calibrated": s.cost.calibrated}
+    summary["config"] = run_config_summary(s)
     return Result(s, summary, recorder.requests_frame(), recorder.iterations_frame(), wall, scheduler)
