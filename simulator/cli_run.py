@@ -205,7 +205,12 @@ def print_summary(console: Console, s: dict) -> None:
     console.print(
         f"KV usage mean {_pct(kv['usage_mean'])}, p95 {_pct(kv['usage_p95'])}, max "
         f"{_pct(kv['usage_max'])}; token-state share {_pct(fr['token_state_share'])}; prefix-cache "
-        f"hit rate {_pct(s['prefix_cache']['hit_rate'])}", highlight=False)
+        f"hits {_pct(s['prefix_cache']['request_hit_rate'])} of prompt tokens", highlight=False)
+    if s.get("swap"):
+        sw = s["swap"]
+        console.print(f"swap: {sw['swap_outs']} out, {sw['swap_ins']} in, {sw['bytes'] / 2**30:.2f} GiB, "
+                      f"{_pct(sw['time_share'])} of busy time; {sw['fallbacks_to_recompute']} "
+                      f"preemptions fell back to recompute", highlight=False)
     console.print(
         f"batch size mean {_fmt(b['num_seqs']['mean'])}, p99 {_fmt(b['num_seqs']['p99'])} seqs, "
         f"{_fmt(b['num_tokens']['mean'])} tokens; max running {b['max_running']}; "
@@ -221,7 +226,8 @@ def print_summary(console: Console, s: dict) -> None:
         f"{n} ({s['alerts']['rules'][n]['num_firings']}x)" for n in fired) if fired else "none"),
         style="red" if fired else None, highlight=False)
     if not s["config"]["cost_model_calibrated"]:
-        console.print("note: cost model uses uncalibrated default efficiencies for this GPU",
+        console.print("note: no kernel measurements for this GPU: its cost-model efficiencies are "
+                      "extrapolated from the nearest measured GPU (see the cost model line above)",
                       style="yellow", highlight=False)
 
 

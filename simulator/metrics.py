@@ -28,7 +28,7 @@ from simulator.errors import ConfigError, did_you_mean
 from simulator.request import Request
 from simulator.timeseries import StepFunction, gauge, integral, run_window, step_ends, time_weighted
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 PCTS = (50, 90, 99)
 
 ITER_COLUMNS = ("start_s", "duration_s", "num_seqs", "num_tokens", "prefill_tokens",
@@ -39,7 +39,7 @@ ITER_COLUMNS = ("start_s", "duration_s", "num_seqs", "num_tokens", "prefill_toke
 # sampled in the step, and free slots no request could use (an allocator's external
 # fragmentation). The summary uses them when present and reports null otherwise.
 OPTIONAL_ITER_COLUMNS = ("prefix_cache_queries", "prefix_cache_hits", "num_sampled",
-                         "kv_external_frag_slots")
+                         "kv_external_frag_slots", "swap_s", "kv_evictions")
 
 
 class MetricsRecorder:
@@ -271,7 +271,7 @@ def summarize(recorder: MetricsRecorder, num_arrived: int, *, slo: dict | None =
             "goodput_requests_per_s": rate(num_met),
         },
         "kv_cache": _kv_section(recorder.total_slots, iters, t0, t1),
-        "prefix_cache": _prefix_section(iters),
+        "prefix_cache": _prefix_section(iters, done),
         "fragmentation": _fragmentation_section(recorder.total_slots, iters, t0, t1, kv_allocator),
         "batch": {
             "num_iterations": int(len(iters)),
@@ -287,7 +287,32 @@ def summarize(recorder: MetricsRecorder, num_arrived: int, *, slo: dict | None =
             "rate": _ratio(total_preempt, total_preempt + len(done)),
         },
         "alerts": summarize_alerts(rules, evaluate(rules, reqs, iters)),
+        "groups": _groups_section(done),
     }
+
+
+def _groups_section(done: pd.DataFrame) -> dict[str, Any] | None:
+    """Latency and preemptions per tier (else per priority, else per tenant) when the run has
+    more than one: the starvation view of a scheduling policy (queue wait max and p99)."""
+    for key in ("tier", "priority", "tenant"):
+        if key in done and done[key].nunique() > 1:
+            break
+    else:
+        return None
+    groups = {}
+    for value, g in done.groupby(key, sort=True):
+        multi = g[g.output_tokens > 1]
+        groups[str(value)] = {
+            "finished": int(len(g)),
+            "ttft_s": _stats((g.first_token_s - g.arrival_s).to_numpy()),
+            "tpot_s": _stats(((multi.finish_s - multi.first_token_s)
+                              / (multi.output_tokens - 1)).to_numpy()),
+            "e2e_s": _stats((g.finish_s - g.arrival_s).to_numpy()),
+            "queue_s": _stats((g.first_scheduled_s - g.arrival_s).to_numpy()),
+            "preemptions": int(g.num_preemptions.sum()),
+            "preempted_share": _ratio(float((g.num_preemptions > 0).sum()), len(g)),
+        }
+    return {"key": key, "groups": groups}
 
 
 def _kv_section(total_slots: int, iters: pd.DataFrame, t0: float, t1: float) -> dict[str, Any]:
@@ -297,12 +322,18 @@ def _kv_section(total_slots: int, iters: pd.DataFrame, t0: float, t1: float) -> 
             "usage_max": usage["max"], "used_slots_mean": used["mean"]}
 
 
-def _prefix_section(iters: pd.DataFrame) -> dict[str, Any]:
+def _prefix_section(iters: pd.DataFrame, done: pd.DataFrame) -> dict[str, Any]:
+    """vLLM's counters (every lookup, retries of a request that did not fit included) and the
+    per-request view: tokens found when each finished request was first admitted."""
     if "prefix_cache_queries" not in iters or "prefix_cache_hits" not in iters:
-        return {"queries": None, "hits": None, "hit_rate": None}
+        return {"queries": None, "hits": None, "hit_rate": None, "request_hit_rate": None,
+                "prefill_tokens_saved": None}
     q = int(iters.prefix_cache_queries.sum())
     h = int(iters.prefix_cache_hits.sum())
-    return {"queries": q, "hits": h, "hit_rate": _ratio(h, q)}
+    saved = int(done.num_cached_tokens.clip(lower=0).sum())
+    return {"queries": q, "hits": h, "hit_rate": _ratio(h, q),
+            "request_hit_rate": _ratio(saved, int(done.prompt_tokens.sum())),
+            "prefill_tokens_saved": saved}
 
 
 def _fragmentation_section(total_slots: int, iters: pd.DataFrame, t0: float, t1: float,
