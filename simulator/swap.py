@@ -5,8 +5,9 @@ and comes back before it resumes. Cost of a move of `n` transfers and `b` bytes:
 
     seconds = n * latency + b / host_link_bandwidth
 
-A paged cache moves one transfer per block (vLLM v0 copies block by block), so small blocks
-pay the per-transfer latency more often; a contiguous cache moves one region per request.
+vLLM v0 keeps a K and a V cache tensor per layer and swaps with one cudaMemcpyAsync per block
+per tensor (`swap_blocks`), so a paged cache makes blocks * 2 * layers transfers: small blocks
+pay the per-transfer latency many more times. A contiguous cache moves one region per tensor.
 The swap time is charged to the engine step that performs it. When the CPU space cannot hold
 a victim, the scheduler falls back to recompute.
 """
@@ -19,7 +20,8 @@ from simulator.request import Request
 
 class SwapSpace:
     def __init__(self, capacity_bytes: int, block_size: int, bytes_per_token: int,
-                 link_gbps: float, latency_s: float, per_block_transfers: bool = True) -> None:
+                 link_gbps: float, latency_s: float, per_block_transfers: bool = True,
+                 tensors: int = 1) -> None:
         block_bytes = block_size * bytes_per_token
         if capacity_bytes < block_bytes:
             raise ConfigError(f"engine.swap_space_gib ({capacity_bytes / 2**30:.4g} GiB) is smaller "
@@ -30,6 +32,7 @@ class SwapSpace:
         self.link_bps = link_gbps * 1e9
         self.latency_s = latency_s
         self.per_block_transfers = per_block_transfers
+        self.tensors = tensors  # KV tensors copied separately (2 * layers in vLLM v0)
         self.req_to_blocks: dict[int, int] = {}
         self.used_blocks = 0
         self.bytes_moved = 0
@@ -48,7 +51,7 @@ class SwapSpace:
 
     def _move(self, blocks: int) -> float:
         nbytes = blocks * self.block_size * self.bytes_per_token
-        transfers = blocks if self.per_block_transfers else 1
+        transfers = (blocks if self.per_block_transfers else 1) * self.tensors
         t = transfers * self.latency_s + nbytes / self.link_bps
         self.bytes_moved += nbytes
         self.seconds += t

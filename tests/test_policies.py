@@ -136,13 +136,17 @@ def test_swap_conserves_blocks_and_falls_back_to_recompute():
 
 
 def test_swap_cost_grows_with_small_blocks():
-    def cost(bs):
+    def cost(bs, tensors=1):
         s = SwapSpace(2**30, block_size=bs, bytes_per_token=128 * 1024, link_gbps=25,
-                      latency_s=1e-5)
+                      latency_s=1e-5, tensors=tensors)
         from simulator.request import Request
         return s.swap_out(Request(0, 0.0, 1024, 1), 1024)
     assert cost(8) > cost(128) > 0
+    # 1024 tokens: 128 blocks of 8 vs 8 blocks of 128, one copy each per K/V tensor per layer
     assert cost(8) - cost(128) == pytest.approx((128 - 8) * 1e-5, rel=1e-6)
+    assert cost(8, tensors=64) - cost(128, tensors=64) == pytest.approx((128 - 8) * 64e-5, rel=1e-6)
+    bandwidth_s = 1024 * 128 * 1024 / 25e9
+    assert cost(128, tensors=64) == pytest.approx(8 * 64e-5 + bandwidth_s, rel=1e-9)
 
 
 @pytest.mark.parametrize("tiers,message", [
