@@ -19,11 +19,13 @@ class KVCacheManager(Protocol):
 
     def get_computed_tokens(self, req: Request) -> int: ...
 
-    def allocate_slots(self, req: Request, num_new_tokens: int,
-                       num_computed_tokens: int) -> int | None: ...
+    def allocate_slots(self, req: Request, num_new_tokens: int, num_computed_tokens: int,
+                       full_sequence_must_fit: bool = False,
+                       num_tokens: int | None = None) -> int | None: ...
 
     def allocate_slots_many(self, reqs: list[Request], num_new: list[int],
-                            num_computed: list[int]) -> list[int]:
+                            num_computed: list[int], num_tokens: list[int] | None = None
+                            ) -> list[int]:
         """allocate_slots for each in order, stopping at the first failure; returns the
         capacities of those served (a fast path for the running batch)."""
         ...

@@ -50,7 +50,9 @@ class ContiguousAllocator:
     def get_computed_tokens(self, req: Request) -> int:
         return 0
 
-    def allocate_slots(self, req: Request, num_new_tokens: int, num_computed_tokens: int) -> int | None:
+    def allocate_slots(self, req: Request, num_new_tokens: int, num_computed_tokens: int,
+                       full_sequence_must_fit: bool = False, num_tokens: int | None = None
+                       ) -> int | None:
         """First call reserves the whole region (first fit); later calls fit inside it."""
         region = self.req_to_region.get(req.req_id)
         if region is not None:
@@ -71,7 +73,8 @@ class ContiguousAllocator:
         return None
 
     def allocate_slots_many(self, reqs: list[Request], num_new: list[int],
-                            num_computed: list[int]) -> list[int]:
+                            num_computed: list[int], num_tokens: list[int] | None = None
+                            ) -> list[int]:
         caps = []
         for req, n, c in zip(reqs, num_new, num_computed):
             cap = self.allocate_slots(req, n, c)

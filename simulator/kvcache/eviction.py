@@ -5,8 +5,10 @@ it from the prefix cache (lazy eviction, as vLLM). Each policy sees per-block me
 by the BlockPool: `freed_s` (when its ref count last fell to 0), `last_access_s` (when it was
 last allocated or hit by a prefix lookup) and `num_hits`.
 
-- `lru` (vLLM): a FIFO of releases. Freed blocks join the tail (a request's blocks in reverse,
-  so its last blocks go first); a hit takes a block out; allocation pops the head.
+- `lru` (vLLM): a FIFO of releases. Freed hashed blocks join the tail (a request's blocks in
+  reverse, so its last blocks go first); freed blocks without a hash go to the head, since
+  nobody can hit them (vLLM 0.33); a hit takes a block out; allocation pops the head.
+  Every policy reuses unhashed blocks first (`prepend`).
 - `lru_ttl`: `lru`, except that blocks whose content has not been *accessed* (allocated or hit)
   for more than `ttl_s` are evicted before all others, oldest access first. It differs from
   `lru` when a block is released long after its last access (the prompt of a long-running
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 
 class EvictionPolicy(Protocol):
     def append(self, block_id: int) -> None: ...  # block's ref count fell to 0
+    def prepend(self, block_ids: list[int]) -> None: ...  # freed blocks with no hash: reuse first
     def remove(self, block_id: int) -> None: ...  # a free block was hit (touched)
     def popleft(self) -> int: ...  # the block to reuse next
     def __len__(self) -> int: ...
@@ -54,6 +57,12 @@ class LRU:
 
     def append(self, block_id: int) -> None:
         self._q[block_id] = None
+
+    def prepend(self, block_ids: list[int]) -> None:
+        q = self._q
+        for b in reversed(block_ids):
+            q[b] = None
+            q.move_to_end(b, last=False)
 
     def remove(self, block_id: int) -> None:
         del self._q[block_id]
@@ -107,6 +116,11 @@ class LRUWithTTL(_Versioned):
         self._lru.append(block_id)
         self._push((self.pool.last_access_s[block_id],), block_id)
 
+    def prepend(self, block_ids: list[int]) -> None:
+        self._lru.prepend(block_ids)
+        for b in block_ids:
+            self._push((self.pool.last_access_s[b],), b)
+
     def remove(self, block_id: int) -> None:
         self._lru.remove(block_id)
         self._invalidate(block_id)
@@ -142,6 +156,12 @@ class LFU(_Versioned):
         self._seq += 1
         self._free.add(block_id)
         self._push((self.pool.num_hits[block_id], self._seq), block_id)
+
+    def prepend(self, block_ids: list[int]) -> None:
+        for b in reversed(block_ids):  # ahead of every hashed block and earlier prepends
+            self._seq += 1
+            self._free.add(b)
+            self._push((-1, -self._seq), b)
 
     def remove(self, block_id: int) -> None:
         self._free.remove(block_id)

@@ -6,7 +6,8 @@ usable ones and usage = 1 - free / (N - 1). Free-but-cached blocks count as free
 
     free queue (eviction policy; head = next to reuse): [b7, b3, b9, ...]
     allocate: pop from the head; a popped block that still has a hash is evicted then (lazy)
-    free: a request's blocks go back tail-first (its last blocks are reused first)
+    free: a request's blocks go back tail-first; unhashed ones to the head (reused first),
+          hashed ones to the tail (vLLM 0.33)
     hit:  a cached block is `touch`ed: out of the free queue, ref count + 1
 
 Prefix caching (vLLM v1 semantics):
@@ -15,6 +16,8 @@ Prefix caching (vLLM v1 semantics):
    request admitted in the same step as another can hit blocks still being computed.
 2. A lookup walks the request's hashes and stops at the first miss; at most
    num_tokens - 1 tokens can hit (the last token is always computed, to sample from).
+   prefix_queries / prefix_hits count a lookup when its request is admitted (first admission
+   only), as vLLM's prefix_cache_queries / prefix_cache_hits.
 3. Freed hashed blocks keep their hash and stay hittable until popped for reuse.
 4. Duplicates are possible (two requests computing the same block concurrently); as in vLLM
    each hash maps to its blocks in caching order and a lookup returns the first.
@@ -94,15 +97,25 @@ class BlockPool:
             self.cached.setdefault(block_hash, {})[block_id] = None
 
     def free_blocks(self, ordered_blocks: list[int]) -> None:
-        """Drop one reference from each block; blocks reaching 0 join the free queue in order."""
+        """Drop one reference from each block. Blocks reaching 0 that carry no hash go to the
+        *front* of the free queue, in order (reused first: nobody can hit them); hashed ones
+        join the tail in order (vLLM 0.33 BlockPool.free_blocks: LIFO reuse of uncached
+        blocks, FIFO of cached ones)."""
         now = self.now
+        first: list[int] = []
+        block_hash = self.block_hash
         for b in ordered_blocks:
             self.ref_cnt[b] -= 1
             if self.ref_cnt[b] == 0:
                 self.freed_s[b] = now
-                self.free_queue.append(b)
+                if block_hash[b] is None:
+                    first.append(b)
+                else:
+                    self.free_queue.append(b)
             elif self.ref_cnt[b] < 0:
                 raise AssertionError(f"block {b} freed twice")
+        if first:
+            self.free_queue.prepend(first)
 
     @property
     def usage(self) -> float:
@@ -154,23 +167,31 @@ class PagedAllocator:
                     break
                 hits.append(b)
         self._pending_hits[req.req_id] = hits
-        self.prefix_queries += num_tokens
-        self.prefix_hits += len(hits) * self.block_size
         return len(hits) * self.block_size
 
-    def allocate_slots(self, req: Request, num_new_tokens: int, num_computed_tokens: int) -> int | None:
+    def allocate_slots(self, req: Request, num_new_tokens: int, num_computed_tokens: int,
+                       full_sequence_must_fit: bool = False, num_tokens: int | None = None
+                       ) -> int | None:
         """1. take the pending prefix hits (admission only); 2. blocks needed = ceil((computed +
         new) / block_size) - blocks held; 3. None if that plus the hits that are currently free
-        exceeds the free blocks; 4. touch the hits, pop new blocks; 5. hash newly full blocks."""
+        exceeds the free blocks, or, with `full_sequence_must_fit` (vLLM's admission gate
+        scheduler_reserve_full_isl), if the blocks for all req.num_tokens do not fit;
+        4. touch the hits, pop new blocks; 5. hash newly full blocks up to min(computed + new,
+        num_tokens) (`num_tokens`: the request's current token count when the caller keeps it,
+        default req.num_tokens)."""
         rid = req.req_id
+        looked_up = rid in self._pending_hits
         hits = self._pending_hits.pop(rid, None) or []
         blocks = self.req_to_blocks.get(rid)
         held = (len(blocks) if blocks else 0) + len(hits)
         total_tokens = num_computed_tokens + num_new_tokens
         need = -(-total_tokens // self.block_size) - held
         pool = self.pool
-        if need > 0 or hits:
+        if need > 0 or hits or full_sequence_must_fit:
             free_hits = sum(1 for b in hits if pool.ref_cnt[b] == 0)
+            if full_sequence_must_fit and (max(-(-req.num_tokens // self.block_size) - held, 0)
+                                           + free_hits > pool.num_free_blocks):
+                return None
             if max(need, 0) + free_hits > pool.num_free_blocks:
                 return None
             if hits:
@@ -182,15 +203,24 @@ class PagedAllocator:
             else:
                 blocks.extend(new)
             held = len(blocks)
+        if looked_up and not req.num_preemptions:
+            # vLLM 0.33 (KVCacheManager.record_prefix_cache_stats): counted when the looked-up
+            # request is admitted, not on every lookup; a re-admitted preempted request goes
+            # to separate preempted_* counters, not to these
+            self.prefix_queries += req.num_tokens
+            self.prefix_hits += len(hits) * self.block_size
         if self.enable_prefix_caching:
-            self._cache_full_blocks(req, blocks, min(total_tokens, req.num_tokens))
+            self._cache_full_blocks(req, blocks, min(total_tokens, req.num_tokens
+                                                     if num_tokens is None else num_tokens))
         return held * self.block_size
 
     def allocate_slots_many(self, reqs: list[Request], num_new: list[int],
-                            num_computed: list[int]) -> list[int]:
+                            num_computed: list[int], num_tokens: list[int] | None = None
+                            ) -> list[int]:
         """allocate_slots for running requests in order, stopping at the first that does not
         fit; returns the capacities of those served. Same blocks, same order as one call each:
-        running requests have no pending prefix hits, so each just pops its new blocks."""
+        running requests have no pending prefix hits, so each just pops its new blocks.
+        `num_tokens`: each request's current token count (default req.num_tokens)."""
         bs = self.block_size
         pool = self.pool
         free = pool.num_free_blocks
@@ -217,7 +247,8 @@ class PagedAllocator:
                 table.extend(new[pos:pos + need])
                 pos += need
             if caching:
-                self._cache_full_blocks(req, table, min(num_computed[k] + num_new[k], req.num_tokens))
+                self._cache_full_blocks(req, table, min(num_computed[k] + num_new[k], req.num_tokens
+                                                        if num_tokens is None else num_tokens[k]))
             caps.append(len(table) * bs)
         return caps
 

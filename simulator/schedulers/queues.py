@@ -39,6 +39,8 @@ QUEUE_POLICIES: Registry = Registry("queue_policy")
 
 
 class _NoShares:
+    continue_after_self_preemption = False  # vLLM: only `priority` goes on past its own victim
+
     def configure(self, max_num_seqs: int, total_slots: int) -> None:
         pass
 
@@ -82,6 +84,7 @@ class Priority(_NoShares):
         heapq.heappush(self._heap, (req.priority, req.arrival_s, req.req_id, req))
 
     prepend = push  # vLLM: a preempted request re-enters the heap by its own key
+    continue_after_self_preemption = True  # vLLM 0.33: later running requests rank higher
 
     def peek(self) -> Request | None:
         return self._heap[0][-1]
@@ -110,6 +113,8 @@ class Tiered:
     whose `match` list contains its value; unmatched requests go to the last tier), or "tier"
     (the workload's tier column names the tier; an unknown name is an error before the run).
     """
+
+    continue_after_self_preemption = False
 
     def check_names(self, names) -> None:
         if self.by != "tier":

@@ -7,9 +7,13 @@ One step (`schedule`), mirroring vLLM v1's `Scheduler.schedule`:
    None the queue policy picks a victim, which is preempted (recompute: its KV freed, its
    computed tokens reset, back at the front of the waiting queue) and the allocation retried.
    If the victim is the request itself, running-request scheduling stops.
+   Under `priority` a request that is its own victim is skipped and the loop goes on with the
+   next one (vLLM 0.33); under fcfs it stops the loop.
 3. Unless something was preempted this step, waiting requests are admitted in queue order
    while budget > 0, running < max_num_seqs and the manager finds room (prefix hits first);
-   the first one that does not fit stops admission (head-of-line, as vLLM).
+   the first one that does not fit stops admission (head-of-line, as vLLM). With
+   `reserve_full_isl` (vLLM 0.33's scheduler_reserve_full_isl, on by default) the room asked
+   for at admission is the request's whole token sequence, not just its first chunk.
 `commit` then applies the step: computed tokens advance; a request that reached its
 num_tokens samples one output token (first token, inter-token gap, finish).
 
@@ -101,7 +105,8 @@ class Batch:
 
 class Scheduler:
     def __init__(self, kv, queue, batching, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 recorder=None, chunked_prefill: bool = True, swap=None) -> None:
+                 recorder=None, chunked_prefill: bool = True, swap=None,
+                 reserve_full_isl: bool = True) -> None:
         self.kv = kv
         self.queue = queue
         self.batching = batching
@@ -117,6 +122,9 @@ class Scheduler:
         self.num_swapped = 0
         queue.configure(max_num_seqs, kv.total_slots)
         self.last_preempted: list[Request] = []  # victims of the latest step, in order
+        self.last_admitted: list[tuple[int, int]] = []  # (req_id, prefix-hit tokens), latest step
+        # vLLM 0.33 scheduler_reserve_full_isl: admit only if the whole sequence fits
+        self.reserve_full_isl = reserve_full_isl
         self.vectorized = True  # False: the sequential reference loop only (tests)
 
     # --- queue side ----------------------------------------------------------------------
@@ -136,6 +144,7 @@ class Scheduler:
             req.first_scheduled_s = now
         if req.num_cached_tokens < 0:
             req.num_cached_tokens = num_computed
+        self.last_admitted.append((req.req_id, num_computed))
         return slot
 
     def _preempt(self, i: int, now: float) -> Request:
@@ -144,12 +153,16 @@ class Scheduler:
         back in line through the queue policy."""
         req = self.running.write_back(i)
         swap = self.swap
-        if swap is not None and req.num_computed_tokens and swap.can_hold(req.num_computed_tokens):
+        swapped = (swap is not None and req.num_computed_tokens
+                   and swap.can_hold(req.num_computed_tokens))
+        if swapped:
             self.step_swap_s += swap.swap_out(req, req.num_computed_tokens)
             self.num_swapped += 1
-        else:
-            req.num_computed_tokens = 0
+        # freed while its computed tokens still count: the full blocks it computed are hashed
+        # (vLLM hashed them when they were allocated), so it can hit them when re-admitted
         self.kv.free(req, now)
+        if not swapped:
+            req.num_computed_tokens = 0
         req.num_preemptions += 1
         req.status = Status.PREEMPTED
         self.queue.on_stop(req)
@@ -162,6 +175,7 @@ class Scheduler:
     def schedule(self, now: float) -> Batch:
         self.kv.now = now
         self.step_swap_s = 0.0
+        self.last_admitted = []
         if not self.chunked_prefill:
             return self._schedule_prefill_first(now)
         formed = self.batching.form_batch(self, now)
@@ -201,18 +215,18 @@ class Scheduler:
             reach = computed + n
             call = reach > rb.capacity[i:i + count]
             if kv.caches_full_blocks:
-                # A prefill chunk that fills a block without needing a new one must still reach
-                # the manager, which hashes full blocks at once (others may hit them this very
-                # step). Blocks filled by decoding hold the request's own output, which nobody
-                # else can look up while it runs: they are hashed at its next allocation or free.
+                # A step that fills a block without needing a new one must still reach the
+                # manager, which hashes full blocks at once, as vLLM's allocate_slots does on
+                # every step: others may hit them this very step. That holds for blocks filled
+                # by decoding too (a session's next turn can arrive while this turn still runs
+                # and resend its answer so far).
                 bs = kv.block_size
-                prompt = rb.tokens[i:i + count] - rb.num_out[i:i + count]
-                call |= (reach // bs > computed // bs) & (computed < prompt)
+                call |= reach // bs > computed // bs
             needers = np.flatnonzero(call)
             if len(needers):
                 idx = (needers + i).tolist()
                 caps = kv.allocate_slots_many([rb.reqs[j] for j in idx], n[needers].tolist(),
-                                              computed[needers].tolist())
+                                              computed[needers].tolist(), rb.tokens[idx].tolist())
                 rb.capacity[idx[:len(caps)]] = caps
                 if len(caps) < len(idx):  # the manager ran out at request j
                     j = idx[len(caps)]
@@ -247,10 +261,9 @@ class Scheduler:
         cap: int | None = int(rb.capacity[i])
         bs = kv.block_size
         if computed + num_new > cap or (  # see _schedule_running_vectorized for the 2nd clause
-                kv.caches_full_blocks and computed < req.prompt_tokens
-                and (computed + num_new) // bs > computed // bs):
+                kv.caches_full_blocks and (computed + num_new) // bs > computed // bs):
             while True:
-                cap = kv.allocate_slots(req, num_new, computed)
+                cap = kv.allocate_slots(req, num_new, computed, num_tokens=int(rb.tokens[i]))
                 if cap is not None:
                     break
                 v = self.queue.pick_victim(rb.reqs)
@@ -258,7 +271,9 @@ class Scheduler:
                 victim = self._preempt(v, now)
                 preempted.append(victim)
                 if victim is req:
-                    return budget, i, True
+                    # vLLM 0.33: under priority the requests after it rank higher and may
+                    # still fit (it just freed its blocks); under fcfs nothing follows it
+                    return budget, i, not self.queue.continue_after_self_preemption
                 if v < i:
                     i -= 1
         rb.capacity[i] = cap
@@ -280,7 +295,8 @@ class Scheduler:
             if whole and num_new > budget:
                 break
             num_new = min(num_new, budget)
-            cap = self.kv.allocate_slots(req, num_new, computed)
+            cap = self.kv.allocate_slots(req, num_new, computed,
+                                         full_sequence_must_fit=self.reserve_full_isl)
             if cap is None:
                 break
             self.queue.pop()
@@ -365,5 +381,9 @@ class Scheduler:
 
     @property
     def tokens_stored(self) -> int:
-        """KV token states held by running requests (computed tokens)."""
-        return int(self.running.computed[:self.running.m].sum())
+        """KV slots holding token states: the allocated slots less each running request's unused
+        tail (capacity - computed). Shared prefix blocks are full and counted once, unlike a sum
+        of computed tokens."""
+        rb = self.running
+        m = rb.m
+        return self.kv.used_slots - int((rb.capacity[:m] - rb.computed[:m]).sum())
