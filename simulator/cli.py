@@ -11,7 +11,8 @@ from simulator import __version__
 from simulator.errors import ConfigError
 
 SUBCOMMANDS = ["simulator.cli_run", "simulator.cli_workload", "simulator.cli_plot",
-               "simulator.cli_report", "simulator.cli_calibrate", "simulator.cli_profile"]
+               "simulator.cli_report", "simulator.cli_calibrate", "simulator.cli_profile",
+               "simulator.cli_parity"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -49,6 +49,9 @@ def register(sub) -> None:
     p.add_argument("--gpu", help="GPU profile name or path")
     p.add_argument("--out", default="runs/latest", help="output directory (default runs/latest)")
     p.add_argument("--quiet", action="store_true", help="print only the output directory")
+    p.add_argument("--trace-steps", metavar="FILE", help="write each step's decisions as JSONL "
+                   "(scheduled tokens, preemptions, admissions with prefix hits, finishes, KV "
+                   "usage; simulator/steptrace.py), for either engine.backend")
     for flag, (_, typ) in VLLM_FLAGS.items():
         p.add_argument(flag, type=typ, help=f"vLLM flag (engine.{VLLM_FLAGS[flag][0]})")
     p.set_defaults(func=main)
@@ -98,11 +101,17 @@ def main(args: argparse.Namespace) -> int:
         return _main_seeds(args, config)
     err = Console(stderr=True)
     update, stop = _progress_factory(err)
+    trace = None
+    if args.trace_steps:
+        from simulator.steptrace import StepTrace
+        trace = StepTrace()
     try:
-        result = run(config, progress=None if args.quiet else update)
+        result = run(config, progress=None if args.quiet else update, trace=trace)
     finally:
         stop()
     out = result.write(Path(args.out), interval_s=args.metrics_interval_s)
+    if trace is not None:
+        trace.write(args.trace_steps)
     if args.quiet:
         print(out)
         return 0

@@ -44,6 +44,9 @@ class EngineConfig:
     queue_params: dict = field(default_factory=dict)  # tiered: {by, tiers: [...]}
     preemption_mode: str = "recompute"  # recompute (vLLM v1) | swap (vLLM v0)
     swap_space_gib: float = 4.0  # CPU swap space per GPU, vLLM v0's default
+    # vLLM 0.33's default: admit a waiting request only if its whole sequence fits the KV pool
+    scheduler_reserve_full_isl: bool = True
+    backend: str = "kvsim"  # kvsim | vllm (vLLM's own v1 scheduler, docs/parity.md)
 
     def __post_init__(self) -> None:
         s = "engine"
@@ -65,7 +68,10 @@ class EngineConfig:
         if isinstance(self.eviction_ttl_s, bool) or not (
                 isinstance(self.eviction_ttl_s, (int, float)) and self.eviction_ttl_s > 0):
             raise ConfigError(f"{s}.eviction_ttl_s must be > 0 seconds, got {self.eviction_ttl_s!r}")
-        for flag in ("enable_chunked_prefill",):
+        if self.backend not in ("kvsim", "vllm"):
+            hint = did_you_mean(str(self.backend), ["kvsim", "vllm"])
+            raise ConfigError(f"{s}.backend must be kvsim or vllm{hint}, got {self.backend!r}")
+        for flag in ("enable_chunked_prefill", "scheduler_reserve_full_isl"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{s}.{flag} must be true or false, got {getattr(self, flag)!r}")
         _positive_int(s, "prefill_chunk_size", self.prefill_chunk_size, allow_none=True)

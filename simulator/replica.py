@@ -30,6 +30,7 @@ class Replica:
         self.recorder = recorder
         self.max_model_len = max_model_len
         self.on_iteration = on_iteration
+        self.trace = None  # a steptrace.StepTrace to record each step's decisions into
         self.num_arrived = 0
         self.arrivals_done = False
         self._wake: simpy.Event | None = None
@@ -80,6 +81,9 @@ class Replica:
                 continue
             start = env.now
             batch = sched.schedule(start)
+            trace = self.trace
+            if trace is not None:
+                trace.scheduled(start, sched)
             if batch.shape.num_tokens == 0:
                 raise RuntimeError(
                     f"scheduler made no progress at t={start:.6f}s with {sched.running.m} running "
@@ -87,6 +91,8 @@ class Replica:
             duration = step_time(batch.shape) + batch.swap_s
             yield env.timeout(duration)
             finished = sched.commit(env.now)
+            if trace is not None:
+                trace.committed(finished, kv.usage)
             for req in finished:
                 rec.request_ended(req)
             extra = {"num_sampled": batch.shape.num_sampled}

@@ -119,6 +119,9 @@ def build_engine(s: Setup, workload: RequestArrays, make_recorder: Callable[[int
     one per replica)."""
     config, e = s.config, s.engine
     eng = config.engine
+    if eng.backend == "vllm":  # vLLM's own scheduler and block pool (vllm_backend.py)
+        from simulator.vllm_backend import build_vllm_engine
+        return build_vllm_engine(s, workload, make_recorder)
     if eng.kv_allocator == "paged":
         kv = build_allocator("paged", num_blocks=s.memory.num_gpu_blocks,
                              block_size=e.block_size, enable_prefix_caching=eng.enable_prefix_caching,
@@ -141,7 +144,8 @@ def build_engine(s: Setup, workload: RequestArrays, make_recorder: Callable[[int
     scheduler = Scheduler(kv, QUEUE_POLICIES.get(eng.queue_policy)(**eng.queue_params),
                           BATCHING_MODES.get(eng.scheduler)(),
                           max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
-                          recorder=recorder, chunked_prefill=eng.enable_chunked_prefill, swap=swap)
+                          recorder=recorder, chunked_prefill=eng.enable_chunked_prefill, swap=swap,
+                          reserve_full_isl=eng.scheduler_reserve_full_isl)
     if eng.queue_policy == "tiered" and eng.queue_params.get("by") == "tier":
         tiers = getattr(workload, "tier", None)
         if tiers is None:
@@ -162,9 +166,9 @@ def run_config_summary(s: Setup) -> dict[str, Any]:
 
 
 def run(config: SimConfig, workload: RequestArrays | None = None, *, progress=None,
-        vectorized: bool = True) -> Result:
+        vectorized: bool = True, trace=None) -> Result:
     """Steps: 1. setup (names, memory, cost); 2. workload from the seed; 3. SimPy run until
-    every arrival has finished or been rejected; 4. summary."""
+    every arrival has finished or been rejected; 4. summary. `trace`: a StepTrace to fill."""
     if config.cluster:
         from simulator.cluster import resolve_cluster, run_cluster
         if resolve_cluster(config.cluster).replicas > 1:
@@ -184,6 +188,7 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *, progress=No
         def tick() -> None:
             progress(len(recorder.requests), total)
     replica = Replica(env, scheduler, s.cost, recorder, e.max_model_len, on_iteration=tick)
+    replica.trace = trace  # a steptrace.StepTrace, or None
     env.process(feed_arrivals(env, workload, replica))
     t0 = time.perf_counter()
     env.run()
@@ -191,4 +196,7 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *, progress=No
     summary = summarize(recorder, replica.num_arrived, slo=config.slo, alerts=config.alerts,
                         kv_allocator=config.engine.kv_allocator)
     summary["config"] = run_config_summary(s)
+    if config.engine.backend == "vllm":  # only then, so kvsim's summaries stay as they were
+        from simulator.vllm_backend import backend_info
+        summary["config"].update(backend_info())
     return Result(s, summary, recorder.requests_frame(), recorder.iterations_frame(), wall, scheduler)

@@ -1,0 +1,70 @@
+"""Per-step decision trace, written by either backend (`kvsim run --trace-steps FILE`).
+
+One JSON object per engine step, one line each (JSONL), in step order:
+  step       0-based step index
+  t_s        simulated start time of the step
+  scheduled  [[req_id, tokens], ...] in the order the scheduler scheduled them
+  preempted  [req_id, ...] sorted (vLLM reports a set)
+  admitted   [[req_id, prefix_hit_tokens], ...] requests (re)admitted this step, in order
+  finished   [req_id, ...] sorted
+  kv_usage   vLLM's gauge after the step: 1 - free / (num_gpu_blocks - 1)
+Two backends made the same decisions exactly when their traces are equal line by line;
+`first_divergence` finds the first step where they are not.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class StepTrace:
+    """Collects steps in memory (`rows`); `write` saves them as JSONL."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+        self._pending: dict | None = None
+
+    def scheduled(self, start_s: float, sched) -> None:
+        """Right after schedule(): the step's decisions."""
+        self._pending = {
+            "step": len(self.rows),
+            "t_s": start_s,
+            "scheduled": [[r, n] for r, n in sched.scheduled().items()],
+            "preempted": sorted(r.req_id for r in sched.last_preempted),
+            "admitted": [[r, h] for r, h in sched.last_admitted],
+        }
+
+    def committed(self, finished, kv_usage: float) -> None:
+        """Right after commit(): what finished, and the KV gauge."""
+        row = self._pending
+        row["finished"] = sorted(r.req_id for r in finished)
+        row["kv_usage"] = kv_usage
+        self.rows.append(row)
+        self._pending = None
+
+    def write(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w") as f:
+            for row in self.rows:
+                f.write(json.dumps(row, separators=(",", ":")) + "\n")
+        return path
+
+
+def read_trace(path: str | Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
+
+
+DECISION_KEYS = ("scheduled", "preempted", "admitted", "finished", "kv_usage", "t_s")
+
+
+def first_divergence(a: list[dict], b: list[dict]) -> tuple[int, str] | None:
+    """(step, field) of the first difference between two traces, None if identical."""
+    for i, (ra, rb) in enumerate(zip(a, b)):
+        for key in DECISION_KEYS:
+            if ra.get(key) != rb.get(key):
+                return i, key
+    if len(a) != len(b):
+        return min(len(a), len(b)), "length"
+    return None
