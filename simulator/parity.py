@@ -109,15 +109,3 @@ def run_pair(config: SimConfig, *, vectorized: bool = True) -> PairResult:
         results[backend] = res
     return PairResult(config, traces, summaries, walls,
                       first_divergence(traces["kvsim"], traces["vllm"]), results)
-
-
-METRIC_KEYS = (("ttft_s", "p50"), ("ttft_s", "p99"), ("tpot_s", "p50"), ("tpot_s", "p99"),
-               ("throughput_tok_s", None), ("num_preemptions", None))
-
-
-def metric(summary: dict, key: str, sub: str | None):
-    """A summary metric by name (and percentile), None when the summary lacks it."""
-    v = summary.get(key)
-    if sub is not None:
-        v = v.get(sub) if isinstance(v, dict) else None
-    return v
