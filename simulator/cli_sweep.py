@@ -90,18 +90,23 @@ def main(args: argparse.Namespace) -> int:
     if args.quiet:
         print(out)
     else:
-        print_table(Console(), df, keys)
-        Console().print(msg, highlight=False)
+        print_table(_console(), df, keys)
+        _console().print(msg, highlight=False)
         for _, r in df[df.status == "error"].iterrows():
-            Console().print(f"error at {', '.join(f'{k}={r[k]}' for k in keys)}: {r['error']}",
+            _console().print(f"error at {', '.join(f'{k}={r[k]}' for k in keys)}: {r['error']}",
                             style="red", highlight=False)
-        Console().print(f"wrote {pq}, {csv}" + (f", {png}" if png else "")
+        _console().print(f"wrote {pq}, {csv}" + (f", {png}" if png else "")
                         + f" and {out}/points/ (one JSON per run; rerun to resume)", highlight=False)
     if outcome.interrupted:
         err.print(f"interrupted: {sum(1 for r in outcome.records.values())} of {len(tasks)} runs "
                   f"are on disk in {out}/points; rerun the same command to resume", highlight=False)
         return 130
     return 0
+
+
+def _console() -> Console:
+    c = Console()
+    return c if c.is_terminal else Console(width=160)  # logs and pipes: no wrapped cells
 
 
 def print_table(console: Console, df, keys: list[str]) -> None:
