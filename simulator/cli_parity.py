@@ -66,7 +66,7 @@ def _runs(args):
 def main(args) -> int:
     from simulator.vllm_backend import VLLM_VERSION, import_vllm, vllm_version
     import_vllm()  # a missing vLLM: one line on how to install the extra
-    console = Console()
+    console = Console(width=160)  # the metrics table stays readable when piped
     console.print(f"vLLM {vllm_version()} (parity verified against {VLLM_VERSION}); sync Scheduler",
                   highlight=False)
     rows, all_identical = [], True

@@ -36,8 +36,12 @@ def _case(policy: str, caching: bool) -> dict[str, Any]:
     workload: dict[str, Any] = {"arrival": {"process": "poisson", "rate": 24.0}, **_LENGTHS}
     if caching:
         workload.update(copy.deepcopy(_SHARED))
+        workload["prefix_block_tokens"] = 16  # shared system prompts share whole 16-token blocks
     if policy == "priority":
         workload["tenants"] = copy.deepcopy(_TENANTS)
+        if caching:  # a tenant that names no sharing of its own gets no prefix ids
+            for tenant in workload["tenants"]:
+                tenant.update(copy.deepcopy(_SHARED))
     return {"engine": {**_ENGINE, "queue_policy": policy, "enable_prefix_caching": caching},
             "workload": workload}
 
