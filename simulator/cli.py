@@ -12,7 +12,8 @@ from simulator.errors import ConfigError
 
 SUBCOMMANDS = ["simulator.cli_run", "simulator.cli_workload", "simulator.cli_plot",
                "simulator.cli_report", "simulator.cli_calibrate", "simulator.cli_profile",
-               "simulator.cli_parity", "simulator.cli_sweep", "simulator.cli_plan"]
+               "simulator.cli_parity", "simulator.cli_sweep", "simulator.cli_plan",
+               "simulator.cli_regress", "simulator.cli_experiment"]
 
 
 def build_parser() -> argparse.ArgumentParser:
