@@ -70,7 +70,9 @@ class Replica:
         step_time = self.cost.step_time
         caching = getattr(kv, "enable_prefix_caching", False)
         contiguous = hasattr(kv, "largest_hole")
-        queries = hits = 0  # prefix-cache counters at the previous step
+        queries = hits = evictions = 0  # prefix-cache counters at the previous step
+        pool = getattr(kv, "pool", None) if caching else None
+        swapping = sched.swap is not None
         while True:
             if not sched.has_work:
                 if self.arrivals_done:
@@ -100,6 +102,10 @@ class Replica:
                 extra["prefix_cache_queries"] = kv.prefix_queries - queries
                 extra["prefix_cache_hits"] = kv.prefix_hits - hits
                 queries, hits = kv.prefix_queries, kv.prefix_hits
+                extra["kv_evictions"] = pool.num_evictions - evictions
+                evictions = pool.num_evictions
+            if swapping:
+                extra["swap_s"] = batch.swap_s
             if contiguous:
                 extra["kv_external_frag_slots"] = kv.total_slots - kv.used_slots - kv.largest_hole
             rec.iteration(start, duration, batch.num_seqs, batch.shape.num_tokens,

@@ -140,7 +140,8 @@ def build_engine(s: Setup, workload: RequestArrays, make_recorder: Callable[[int
         swap = SwapSpace(int(eng.swap_space_gib * GIB), kv.block_size,
                          s.memory.kv_bytes_per_token, s.gpu.host_link_gbps,
                          s.gpu.host_link_latency_us * 1e-6,
-                         per_block_transfers=eng.kv_allocator == "paged")
+                         per_block_transfers=eng.kv_allocator == "paged",
+                         tensors=2 * s.model.num_layers)
     scheduler = Scheduler(kv, QUEUE_POLICIES.get(eng.queue_policy)(**eng.queue_params),
                           BATCHING_MODES.get(eng.scheduler)(),
                           max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
@@ -199,4 +200,26 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *, progress=No
     if config.engine.backend == "vllm":  # only then, so kvsim's summaries stay as they were
         from simulator.vllm_backend import backend_info
         summary["config"].update(backend_info())
+    add_engine_sections(summary, scheduler)
     return Result(s, summary, recorder.requests_frame(), recorder.iterations_frame(), wall, scheduler)
+
+
+def add_engine_sections(summary: dict[str, Any], scheduler) -> None:
+    """What only the engine's final state knows: prefix-cache evictions and the idle age of the
+    evicted blocks, and swap traffic (summary `swap` section, present when swapping is on)."""
+    kv = scheduler.kv
+    pool = getattr(kv, "pool", None)
+    if getattr(kv, "enable_prefix_caching", False) and pool is not None:
+        idle = np.asarray(pool.evicted_idle_s)
+        summary["prefix_cache"]["evictions"] = int(pool.num_evictions)
+        summary["prefix_cache"]["evicted_idle_s"] = {
+            name: (float(f(idle)) if len(idle) else None)
+            for name, f in (("mean", np.mean), ("p50", np.median),
+                            ("p99", lambda x: np.percentile(x, 99)))}
+    swap = getattr(scheduler, "swap", None)
+    if swap is not None:
+        busy = summary["busy_s"]
+        summary["swap"] = {"swap_outs": swap.num_swap_outs, "swap_ins": swap.num_swap_ins,
+                           "bytes": int(swap.bytes_moved), "seconds": swap.seconds,
+                           "time_share": swap.seconds / busy if busy > 0 else 0.0,
+                           "fallbacks_to_recompute": scheduler.num_preemptions - swap.num_swap_outs}
