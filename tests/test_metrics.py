@@ -92,7 +92,9 @@ def test_gauges_fragmentation_and_batches_by_hand(fixed_step):
                                             "counts": [2, 0, 0, 0, 1, 1]}
     assert s["preemptions"] == {"total": 0, "per_s": 0.0, "requests_share": 0.0, "rate": 0.0}
     # prefix caching on (vLLM's default), nothing shared: every prompt token queried, none hit
-    assert s["prefix_cache"] == {"queries": 30, "hits": 0, "hit_rate": 0.0}
+    assert s["prefix_cache"] == {"queries": 30, "hits": 0, "hit_rate": 0.0, "request_hit_rate": 0.0,
+                                 "prefill_tokens_saved": 0, "evictions": 0,
+                                 "evicted_idle_s": {"mean": None, "p50": None, "p99": None}}
     assert s["alerts"]["fired"] == []
 
 
@@ -119,7 +121,10 @@ def test_prefix_cache_hit_rate_by_hand(fixed_step):
                        np.array([3, 2], np.int64), np.zeros(2, np.int64), prefix=[[7], [7]],
                        prefix_block_tokens=16)
     res = run(build_config(None, []), wl)
-    assert res.summary["prefix_cache"] == {"queries": 40, "hits": 16, "hit_rate": 0.4}
+    pc = res.summary["prefix_cache"]
+    assert (pc["queries"], pc["hits"], pc["hit_rate"]) == (40, 16, 0.4)
+    # per request: r1's 16 cached tokens over the two finished prompts' 40 tokens
+    assert (pc["prefill_tokens_saved"], pc["request_hit_rate"], pc["evictions"]) == (16, 0.4, 0)
     assert res.requests.num_cached_tokens.tolist() == [0, 16]
     assert res.iterations.num_tokens.tolist() == [20, 1, 5, 1]
 
