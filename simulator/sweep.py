@@ -438,7 +438,8 @@ def plot_sweep(df: pd.DataFrame, metric: str, x: str, y: str | None, out: Path,
         mid = (finite.min() + finite.max()) / 2 if len(finite) else 0
         for i in range(len(ys)):
             for j in range(len(xs)):
-                txt = "error" if not np.isfinite(z[i, j]) else f"{z[i, j]:.3g}"
+                v = z[i, j]
+                txt = "error" if not np.isfinite(v) else f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
                 ax.text(j, i, txt, ha="center", va="center", fontsize=8,
                         color="white" if not np.isfinite(z[i, j]) or z[i, j] < mid else "black")
     else:
