@@ -118,9 +118,69 @@ def write(rows: list[dict], args) -> None:
         lines.append(f"| {r['blocks'] * 16:,} | {r['policy']} | {100 * r['hit_rate']:.1f} % | "
                      f"{r['ttft_p50']:.2f} | {r['ttft_p99']:.2f} | {r['tput']:.3f} | "
                      f"{r['preemptions']} | {r['evictions']:,} | {r['evicted_idle_p50']:.1f} |")
-    lines += ["", "![hit rate and TTFT by KV size](prefix_eviction.png)", ""]
+    lines += ["", "![hit rate and TTFT by KV size](prefix_eviction.png)", "",
+              "## What the numbers show", "", *conclusions(rows, args), ""]
     (out / "prefix_eviction.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / 'prefix_eviction.md'}")
+
+
+def reuse_gap_s(duration_s: float) -> tuple[float, float]:
+    """Median time between two uses of the same chunk id in the replayed window (trace
+    seconds), and the trace's mean rate there (to convert to replay seconds)."""
+    import json
+
+    last: dict[int, float] = {}
+    gaps: list[float] = []
+    n = 0
+    with TRACE.open() as f:
+        for line in f:
+            r = json.loads(line)
+            t = r["timestamp"] / 1000
+            if t >= duration_s:
+                break
+            n += 1
+            for h in r["hash_ids"]:
+                if h in last:
+                    gaps.append(t - last[h])
+                last[h] = t
+    return float(sorted(gaps)[len(gaps) // 2]) if gaps else float("nan"), n / duration_s
+
+
+def conclusions(rows: list[dict], args) -> list[str]:
+    by = {(r["blocks"], r["policy"]): r for r in rows}
+    small, big = BLOCKS[0], BLOCKS[-1]
+    lru_hits = [by[(b, "lru")]["hit_rate"] for b in BLOCKS]
+    ttl_gap = max(abs(by[(b, "lru_ttl")]["hit_rate"] - by[(b, "lru")]["hit_rate"]) for b in BLOCKS)
+    lfu, lru = by[(big, "lfu")], by[(big, "lru")]
+    mean_prompt_tokens = 12035  # mooncake_conversation (kvsim workload inspect)
+    turnover = [b * 16 / (args.rate * mean_prompt_tokens) for b in BLOCKS]
+    gap, trace_rate = reuse_gap_s(args.duration_s)
+    gap_replay = gap * trace_rate / args.rate
+    out = [
+        f"- **Hit rates are low at every size** ({100 * min(lru_hits):.1f}-{100 * max(lru_hits):.1f} % "
+        "of prompt tokens with LRU) although 36.6 % of the trace's 512-token chunks repeat an "
+        "earlier one: at this replay rate the cache holds only "
+        f"{turnover[0]:.0f}-{turnover[-1]:.0f} s of new prompt traffic, while the median time "
+        f"between two uses of a chunk is {gap:.0f} s of trace time ({gap_replay:.0f} s at this "
+        "replay rate; computed from the trace's hash_ids). Larger caches help slowly.",
+        f"- **LRU+TTL changes almost nothing** (hit rates within {100 * ttl_gap:.2f} points of LRU, "
+        "same TTFT). vLLM's free queue is already ordered by release time; a TTL on last access "
+        "only reorders blocks released long after they were last used, and with the cache turning "
+        "over faster than the 30 s TTL nearly every block is reused before it could count as stale.",
+        f"- **LFU helps once the cache is big enough to keep something**: at {big * 16:,} tokens it "
+        f"finds {100 * lfu['hit_rate']:.1f} % vs {100 * lru['hit_rate']:.1f} % for LRU "
+        f"(TTFT p50 {lfu['ttft_p50']:.2f} s vs {lru['ttft_p50']:.2f} s): blocks hit once (shared "
+        "system prompts, a conversation's history) outlive one-off long prompts. At "
+        f"{small * 16:,} tokens all three policies coincide.",
+        "- **Caching on vs off**: TTFT p50 " + ", ".join(
+            f"{by[(b, 'lru')]['ttft_p50']:.2f} vs {by[(b, 'off')]['ttft_p50']:.2f} s at {b * 16 // 1000}k"
+            for b in BLOCKS) + " tokens. The gain is larger than the first-admission hit rate "
+        "suggests at small sizes because a preempted request re-admitted soon after finds its "
+        "own blocks still cached (not counted in the hit rate above).",
+        "- vLLM's own counter (`prefix_cache_hits / prefix_cache_queries`, counted at admission) "
+        "is in `summary.json` under `prefix_cache.hit_rate`; here it tracks the per-request rate.",
+    ]
+    return out
 
 
 if __name__ == "__main__":

@@ -84,7 +84,14 @@ class _Versioned:
 
     def _push(self, key: tuple, block_id: int) -> None:
         self._version[block_id] += 1
-        heapq.heappush(self._heap, (*key, self._version[block_id], block_id))
+        heap = self._heap
+        heapq.heappush(heap, (*key, self._version[block_id], block_id))
+        if len(heap) > 4 * len(self) + 1024:
+            # Stale entries pile up under lazy deletion; drop them so pushes and pops stay
+            # O(log free blocks). Entries are unique tuples, so the pop order is unchanged.
+            version = self._version
+            self._heap = [e for e in heap if e[-2] == version[e[-1]]]
+            heapq.heapify(self._heap)
 
     def _invalidate(self, block_id: int) -> None:
         self._version[block_id] += 1
