@@ -92,6 +92,10 @@ def main(args: argparse.Namespace) -> int:
     else:
         print_table(_console(), df, keys)
         _console().print(msg, highlight=False)
+        if outcome.stale:
+            _console().print(f"note: {outcome.stale} reused runs were made by a different version of "
+                             f"the simulator's code; delete {out}/points to recompute them",
+                             style="yellow", highlight=False)
         for _, r in df[df.status == "error"].iterrows():
             _console().print(f"error at {', '.join(f'{k}={r[k]}' for k in keys)}: {r['error']}",
                             style="red", highlight=False)

@@ -20,6 +20,7 @@ Backends: `local` (a process pool; 1 worker runs in-process) and `ray` (optional
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -40,6 +41,19 @@ from simulator.errors import ConfigError, did_you_mean
 from simulator.metrics import aggregate_seeds, clean_floats, flatten
 
 POINTS_DIR = "points"
+
+
+@functools.cache
+def code_fingerprint() -> str:
+    """sha256 (16 hex) of the simulator's source and GPU profiles: a record made by other code
+    is reused on resume (ids hash the config only) but flagged (Outcome.stale)."""
+    from simulator.gpus import _profiles_dir
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted([*root.rglob("*.py"), *Path(str(_profiles_dir())).glob("*.yaml")]):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 # --- the grid --------------------------------------------------------------------------------
@@ -134,7 +148,7 @@ def make_tasks(base: dict[str, Any], grid: dict[str, list[Any]], seeds: list[int
 def run_task(task: Task, summarize_fn: Callable[[dict], dict] | None = None) -> dict[str, Any]:
     """One task -> its record (never raises: an error is the record's status)."""
     record: dict[str, Any] = {"id": task.id, "params": task.params, "seed": task.seed,
-                              "config": task.data}
+                              "config": task.data, "code": code_fingerprint()}
     try:
         from simulator.runner import run
         config = from_dict(task.data)
@@ -183,6 +197,7 @@ class Outcome:
     skipped: int = 0  # tasks found finished on disk
     failed: int = 0  # tasks run now that raised
     interrupted: bool = False
+    stale: int = 0  # records reused from disk that other code made (code_fingerprint)
     records: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -216,6 +231,8 @@ def execute(tasks: list[Task], out_dir: Path, *, workers: int = 1, backend: str 
     todo = [t for t in tasks if t.id not in have]
     todo = list({t.id: t for t in todo}.values())  # a repeated grid value is run once
     outcome = Outcome(skipped=len(tasks) - len(todo), records=dict(have))
+    code = code_fingerprint()
+    outcome.stale = sum(r.get("code") != code for r in have.values())
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"--workers must be an integer >= 1, got {workers!r}")
     if backend not in ("local", "ray"):

@@ -75,7 +75,12 @@ def test_broken_point_is_recorded_and_the_rest_runs_then_rerun_skips(tmp_path):
     assert files(tmp_path) == before
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "points").glob("*.json")} == mtimes
     retry = sw.execute(ts, tmp_path, workers=1, progress=False, retry_failed=True)
-    assert (retry.done, retry.failed) == (2, 2)
+    assert (retry.done, retry.failed, retry.stale) == (2, 2, 0)
+    # a record made by other code is reused but counted as stale
+    path = tmp_path / "points" / f"{ts[0].id}.json"
+    rec = json.loads(path.read_text())
+    path.write_text(json.dumps({**rec, "code": "0" * 16}))
+    assert sw.execute(ts, tmp_path, workers=1, progress=False).stale == 1
 
 
 def test_ctrl_c_leaves_a_consistent_set_and_the_rerun_completes(tmp_path, monkeypatch):
