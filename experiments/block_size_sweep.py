@@ -85,7 +85,7 @@ def main(argv=None) -> int:
            f"gain ({rows[8]['tok_s'] / base:.3f}x at 8, fragmentation is already small), and kvsim "
            "cannot show a loss either: its cost model has no per-block term in "
            "the attention kernel, so it cannot show the GPU underuse that makes small blocks slow "
-           "in PagedAttention's kernel benchmark (its Fig 18). kvsim therefore supports the "
+           "in PagedAttention's block-size ablation (§7.2). kvsim therefore supports the "
            "memory half of the claim (small blocks waste little, large blocks cost concurrency "
            "once memory binds) and is silent on the kernel half; with that caveat 16 sits where "
            f"fragmentation is already under 2 %. Best throughput here: block_size {best}.")

@@ -59,6 +59,7 @@ def get_experiment(name: str) -> ModuleType:
 def _no_headline(name: str):
     def headline(**_: Any) -> dict:
         raise ConfigError(f"experiment {name} has no headline() to check in a regress suite")
+    headline.missing = True
     return headline
 
 

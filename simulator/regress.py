@@ -219,10 +219,25 @@ def load_scenario(path: Path, defaults: dict[str, float] | None = None) -> Scena
         if not config_file.is_file():
             raise ConfigError(f"{path}: config_file {data['config_file']} not found ({config_file})")
     if experiment is not None:
-        from simulator.experiment import get_experiment
-        get_experiment(str(experiment))  # unknown name: an error listing the valid ones
+        _check_params(path, str(experiment), params)
     return Scenario(name, path, tuple(metrics), config, config_file, tuple(overrides),
                     str(experiment) if experiment is not None else None, params)
+
+
+def _check_params(path: Path, name: str, params: dict[str, Any]) -> None:
+    """The experiment exists, has a headline, and takes these params (before anything runs)."""
+    import inspect
+
+    from simulator.experiment import get_experiment
+    exp = get_experiment(name)  # unknown name: an error listing the valid ones
+    if getattr(exp.headline, "missing", False):
+        raise ConfigError(f"{path}: experiment {name} has no headline() to check")
+    valid = [n for n, p in inspect.signature(exp.headline).parameters.items()
+             if n != "overrides" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for key in params:
+        if key not in valid:
+            raise ConfigError(f"{path}: params: experiment {name} takes no {key!r}"
+                              f"{did_you_mean(key, valid)}; valid: {', '.join(valid) or 'none'}")
 
 
 def load_baseline(path: str | Path) -> dict[str, dict[str, float | None]]:

@@ -98,6 +98,11 @@ def test_lookup_nested_flat_dotted_and_errors():
     (TINY.replace("metrics:", "metrix:"), r"unknown key 'metrix' \(did you mean 'metrics'\?\)"),
     ("set: [a=1]\n", r"`metrics:` must map at least one"),
     ("experiment: no_such_thing\nmetrics: {x: {}}\n", r"unknown experiment 'no_such_thing'"),
+    ("experiment: opt13b_memory\nparams: {requests: 5}\nmetrics: {x: {}}\n",
+     r"experiment opt13b_memory takes no 'requests'; valid: none"),
+    ("experiment: block_size_sweep\nparams: {request: 5}\nmetrics: {x: {}}\n",
+     r"takes no 'request' \(did you mean 'requests'\?\)"),
+    ("experiment: bench_core\nmetrics: {x: {}}\n", r"experiment bench_core has no headline"),
 ])
 def test_bad_suite_is_a_config_error(tmp_path, text, match):
     with pytest.raises(ConfigError, match=match):
