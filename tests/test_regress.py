@@ -243,3 +243,18 @@ def test_repository_suite_matches_its_baseline():
 @pytest.mark.slow
 def test_repository_suite_passes():
     assert main(["regress", "--suite", str(REPO / "regress"), "--quiet"]) == 0
+
+
+def test_update_only_keeps_other_scenarios_and_drops_stale(tmp_path, capsys):
+    suite = write_suite(tmp_path)
+    write_suite(tmp_path, TINY.replace("num_requests=40", "num_requests=30"), name="tiny2.yaml")
+    baseline = suite / "baseline.json"
+    write_baseline(baseline, {"gone": {"m": 1.0}, "tiny": {"throughput.output_tokens_per_s": 1.0}})
+    assert main(["regress", "--suite", str(suite), "--update", "--only", "tiny2"]) == 0
+    values = load_baseline(baseline)
+    assert set(values) == {"gone", "tiny", "tiny2"}
+    assert values["tiny"] == {"throughput.output_tokens_per_s": 1.0}
+    assert main(["regress", "--suite", str(suite), "--only", "nope"]) == 2
+    assert "--only nope: no such scenario; valid: tiny, tiny2" in capsys.readouterr().err
+    assert main(["regress", "--suite", str(suite), "--update"]) == 0
+    assert set(load_baseline(baseline)) == {"tiny", "tiny2"}  # a full update drops stale entries
