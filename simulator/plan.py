@@ -77,7 +77,10 @@ class PlanSlo:
 
 
 def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1e3:.0f} ms"
+    if x is None:
+        return "-"
+    ms = x * 1e3
+    return f"{ms:,.0f} ms" if ms >= 100 else f"{ms:.3g} ms"
 
 
 @dataclass(frozen=True)
