@@ -137,3 +137,17 @@ def test_ray_backend_matches_local(tmp_path):
     sw.execute(ts, tmp_path / "local", workers=1, progress=False)
     sw.execute(ts, tmp_path / "ray", workers=2, backend="ray", progress=False)
     assert files(tmp_path / "local") == files(tmp_path / "ray")
+
+
+def test_line_plot_with_intervals_and_bad_metric(tmp_path):
+    df = pd.DataFrame({"workload.arrival.rate": [1.0, 2.0, 4.0] * 2, "engine.block_size": [16] * 3 + [32] * 3,
+                       "status": ["ok"] * 5 + ["error"],
+                       "latency_s.ttft.p99": [0.1, 0.2, 0.5, 0.1, 0.3, None],
+                       "latency_s.ttft.p99.ci95": [0.01, 0.02, 0.05, 0.01, 0.03, None]})
+    png = sw.plot_sweep(df, "latency_s.ttft.p99", "workload.arrival.rate", "engine.block_size",
+                        tmp_path / "line.png", kind="line")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert sw.metric_label("latency_s.ttft.p99") == (1e3, "latency_s.ttft.p99 (ms)")
+    assert sw.key_label("workload.arrival.rate") == "workload.arrival.rate (req/s)"
+    with pytest.raises(ConfigError, match="did you mean 'latency_s.ttft.p99'"):
+        sw.plot_sweep(df, "latency_s.ttft.p98", "workload.arrival.rate", None, tmp_path / "x.png")
