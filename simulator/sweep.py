@@ -354,13 +354,15 @@ def build_table(tasks: list[Task], records: dict[str, dict[str, Any]]) -> pd.Dat
                          else "missing" if not ok and not errors else "partial")
         row["error"] = errors[0] if errors else None
         row["num_gpu_blocks"] = ok[0]["num_gpu_blocks"] if ok else None
+        grid_keys = set(row)  # a metric never overwrites a grid column (cluster.replicas is both)
         if len(ok) == 1:
-            row.update(ok[0]["metrics"])
+            row.update({k: v for k, v in ok[0]["metrics"].items() if k not in grid_keys})
         elif len(ok) > 1:
             agg = aggregate_seeds([r["seed"] for r in ok], [_unflatten(r["metrics"]) for r in ok])
             for path, m in agg["metrics"].items():
-                row[path] = m["mean"]
-                row[f"{path}.ci95"] = m["ci95_half_width"]
+                if path not in grid_keys:
+                    row[path] = m["mean"]
+                    row[f"{path}.ci95"] = m["ci95_half_width"]
         rows.append(row)
     df = pd.DataFrame(rows)
     for col in list(tasks[0].params) if tasks else []:

@@ -151,3 +151,10 @@ def test_line_plot_with_intervals_and_bad_metric(tmp_path):
     assert sw.key_label("workload.arrival.rate") == "workload.arrival.rate (req/s)"
     with pytest.raises(ConfigError, match="did you mean 'latency_s.ttft.p99'"):
         sw.plot_sweep(df, "latency_s.ttft.p98", "workload.arrival.rate", None, tmp_path / "x.png")
+
+
+def test_a_grid_key_that_is_also_a_metric_keeps_its_values(tmp_path):
+    ts = tasks({"cluster.replicas": [1, 2]})
+    out = sw.execute(ts, tmp_path, workers=1, progress=False)
+    df = sw.build_table(ts, out.records)
+    assert df["cluster.replicas"].tolist() == [1, 2] and df["cluster.replicas"].dtype.kind == "i"
