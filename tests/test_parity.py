@@ -59,3 +59,25 @@ def test_cli_reports_identical_and_the_ratio(tmp_path, capsys):
     assert "vLLM 0.33.0" in out and "identical" in out and "vllm / kvsim" in out
     a = (tmp_path / "fcfs-nocache-seed5-kvsim.jsonl").read_bytes()
     assert a == (tmp_path / "fcfs-nocache-seed5-vllm.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize("kwargs,arrivals", [
+    # tests/test_parity_rules.py's hand-traced scenarios, with and without the admission gate
+    ({"num_blocks": 7, "block_size": 4, "budget": 8}, {0: [(12, 2), (16, 1)]}),
+    ({"num_blocks": 7, "block_size": 4, "budget": 8, "isl": False}, {0: [(12, 2), (16, 1)]}),
+    ({"num_blocks": 4, "block_size": 4, "budget": 16, "policy": "priority"},
+     {0: [(2, 6, 0), (2, 6, 5), (3, 6, 0)]}),
+])
+def test_golden_scenarios_step_for_step_on_vllm(kwargs, arrivals):
+    from helpers import drive, make_scheduler
+
+    from simulator.vllm_backend import VllmScheduler
+    kwargs = dict(kwargs)
+    isl = kwargs.pop("isl", True)
+    ours = make_scheduler(max_num_seqs=4, **kwargs)
+    ours.reserve_full_isl = isl
+    theirs = VllmScheduler(num_blocks=kwargs["num_blocks"], block_size=kwargs["block_size"],
+                           max_num_seqs=4, max_num_batched_tokens=kwargs["budget"],
+                           max_model_len=64, policy=kwargs.get("policy", "fcfs"),
+                           reserve_full_isl=isl)
+    assert drive(ours, arrivals) == drive(theirs, arrivals)
