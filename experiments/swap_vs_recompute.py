@@ -134,7 +134,9 @@ def conclusions(rows: list[dict]) -> list[str]:
         return next(r for r in rows if r["block"] == block and r["mode"] == mode and r["link"] == link)
     lo, hi = BLOCK_SIZES[0], BLOCK_SIZES[-1]
     rec = [get(b, "recompute", "-")["tput"] for b in BLOCK_SIZES]
-    wins = [b for b in BLOCK_SIZES if get(b, "swap", "gen4")["tput"] > get(b, "recompute", "-")["tput"]]
+    def wins(link):
+        return [str(b) for b in BLOCK_SIZES
+                if get(b, "swap", link)["tput"] > get(b, "recompute", "-")["tput"]]
     return [
         f"- **Recompute is flat across block sizes** ({min(rec):.0f}-{max(rec):.0f} output tok/s), "
         "as PagedAttention reports: its cost is prefill compute, which block size does not change.",
@@ -142,11 +144,11 @@ def conclusions(rows: list[dict]) -> list[str]:
         f"{100 * get(lo, 'swap', 'gen4')['swap_share']:.1f} % (block {lo}) to "
         f"{100 * get(hi, 'swap', 'gen4')['swap_share']:.1f} % (block {hi}) on Gen4, because each "
         "block is one copy per K/V tensor per layer and pays the per-copy latency.",
-        f"- **Where each wins**: swap over PCIe Gen4 beats recompute at block sizes "
-        f"{', '.join(map(str, wins)) or 'none'}; at block {lo} recompute wins "
-        f"({get(lo, 'recompute', '-')['tput']:.0f} vs {get(lo, 'swap', 'gen4')['tput']:.0f} tok/s). "
-        "Gen5 halves the bandwidth part of swapping and moves the crossover to smaller blocks "
-        f"(block {lo}: {get(lo, 'swap', 'gen5')['tput']:.0f} tok/s).",
+        f"- **Where each wins**: swap beats recompute at block sizes {', '.join(wins('gen4')) or 'none'} "
+        f"over PCIe Gen4 and {', '.join(wins('gen5')) or 'none'} over Gen5 (half the bandwidth "
+        f"time per byte); at block {lo} recompute wins ({get(lo, 'recompute', '-')['tput']:.0f} vs "
+        f"{get(lo, 'swap', 'gen4')['tput']:.0f} (Gen4) / {get(lo, 'swap', 'gen5')['tput']:.0f} (Gen5) "
+        "tok/s): there the per-copy latency dominates the swap time.",
         "- The differences are a few percent of throughput: preemption is frequent here but its "
         "cost, either way, is small next to decoding. The per-copy latency (10 us) is an "
         "assumption of the GPU profiles (gpu_profiles/*.yaml, host_link.latency_us).",
