@@ -56,7 +56,16 @@ class Setup:
             f"max_model_len {e.max_model_len}",
             *self.memory.lines(e.max_model_len),
             self.cost.describe(),
+            *self._backend_lines(),
         ]
+
+    def _backend_lines(self) -> list[str]:
+        if self.config.engine.backend != "vllm":
+            return []
+        from simulator.vllm_backend import backend_info
+        info = backend_info()
+        return [f"backend: vLLM's own v1 Scheduler, vLLM {info['vllm_version']} (parity verified "
+                f"against {info['vllm_verified_version']}), sync"]
 
     def resolved_dict(self) -> dict[str, Any]:
         d = self.config.to_dict()
