@@ -16,7 +16,8 @@ def run_cli(capsys, *args):
 @pytest.mark.parametrize("args,expected", [
     (["--model", "llama-9"], "unknown model 'llama-9'"),
     (["--gpu", "h1000"], "unknown GPU 'h1000' (did you mean 'h100'?); valid:"),
-    (["--set", "engine.scheduler=contiuous"], "unknown scheduler 'contiuous' (did you mean 'continuous'?); valid: continuous"),
+    (["--set", "engine.scheduler=contiuous"],
+     "unknown scheduler 'contiuous' (did you mean 'continuous'?); valid: continuous"),
     (["--set", "engine.kv_allocator=pagd"], "unknown kv_allocator 'pagd' (did you mean 'paged'?)"),
     (["--set", "engine.queue_policy=lifo"], "unknown queue_policy 'lifo'"),
     (["--block-size", "0"], "engine.block_size must be a positive integer, got 0"),

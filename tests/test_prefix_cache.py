@@ -233,7 +233,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         assert all(c >= 0 for c in pool.ref_cnt)
         for h, blocks in pool.cached.items():
             assert blocks and all(pool.block_hash[b] == h for b in blocks)
-        for rid, blocks in self.kv.req_to_blocks.items():
+        for blocks in self.kv.req_to_blocks.values():
             assert not set(blocks) & free
         held = {}
         for blocks in self.kv.req_to_blocks.values():
