@@ -10,6 +10,7 @@ import numpy as np
 
 from simulator.cli import main
 from simulator.config import build_config
+from simulator.metrics import SCHEMA_VERSION
 from simulator.runner import run
 from simulator.workload import RequestArrays
 
@@ -39,7 +40,8 @@ def test_plots_and_report_render_from_a_cli_run_deterministically(tmp_path, caps
     assert all(base64.b64decode(data).startswith(PNG) for _, data in images)
     assert "src=\"http" not in page and "<link" not in page  # self-contained
     for text in ("No alert fired.", "kv_usage_high", "pending &gt; 10 for 5 s", "TTFT", "goodput",
-                 "token-state share", "Configuration (resolved)", "schema_version 2"):
+                 "token-state share", "Configuration (resolved)",
+                 f"schema_version {SCHEMA_VERSION}"):
         assert text in page, text
     # same config + seed: every file byte-identical, plots and report included
     for name in (*RUN_FILES, "report.html", *(f"plots/{p}" for p in plots)):
