@@ -74,7 +74,8 @@ def main(args: argparse.Namespace) -> int:
             err.print(f"[dim]ran {s.name} ({wall:.1f} s)[/dim]")
 
     outcome = run_suite(scenarios, baseline, args.overrides, progress)
-    print_table(console, outcome, quiet=args.quiet)
+    if not (args.update and args.quiet):  # an update is deliberate: its table is noise when quiet
+        print_table(console, outcome, quiet=args.quiet)
     if args.junit:
         write_junit(outcome, args.junit)
         console.print(f"wrote {args.junit}")
