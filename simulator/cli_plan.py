@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from simulator.config import load_config
+from simulator.config import load_config, parse_value
 from simulator.errors import ConfigError, did_you_mean
 from simulator.metrics import clean_floats
 from simulator.plan import (
@@ -29,7 +29,6 @@ from simulator.plan import (
     parse_candidates,
     plot_plan,
 )
-from simulator.sweep import _parse_value
 
 
 def register(sub) -> None:
@@ -67,7 +66,7 @@ def _pairs(items: list[str], what: str) -> dict[str, object]:
         if "=" not in item:
             raise ConfigError(f"--{what} expects key=value, got {item!r}")
         k, v = item.split("=", 1)
-        out[k.strip()] = _parse_value(v.strip())
+        out[k.strip()] = parse_value(v.strip())
     return out
 
 

@@ -163,7 +163,8 @@ def load_config(path: str | Path | None) -> dict[str, Any]:
     return data
 
 
-def _parse_value(text: str) -> Any:
+def parse_value(text: str) -> Any:
+    """A `--set` value as YAML reads it (numbers, booleans, lists), else the text itself."""
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError:
@@ -192,6 +193,15 @@ def apply_override(data: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def apply_overrides(data: dict[str, Any], items: list[str] | None, where: str = "") -> None:
+    """Apply `--set key=value` items in order to a raw config dict (`where` prefixes errors)."""
+    for item in items or []:
+        if "=" not in item:
+            raise ConfigError(f"{where}--set expects key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        apply_override(data, k.strip(), parse_value(v))
+
+
 def _default_mapping(section: str, name: str) -> dict[str, Any]:
     cls = _SECTIONS.get(section)
     for f in dataclasses.fields(cls) if cls else ():
@@ -204,11 +214,7 @@ def _default_mapping(section: str, name: str) -> dict[str, Any]:
 def build_config(path: str | Path | None = None, overrides: list[str] | None = None,
                  extra: dict[str, Any] | None = None) -> SimConfig:
     data = load_config(path)
-    for item in overrides or []:
-        if "=" not in item:
-            raise ConfigError(f"--set expects key=value, got {item!r}")
-        k, v = item.split("=", 1)
-        apply_override(data, k.strip(), _parse_value(v))
+    apply_overrides(data, overrides)
     for k, v in (extra or {}).items():
         apply_override(data, k, v)
     return from_dict(data)

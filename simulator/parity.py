@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from simulator.config import SimConfig, apply_override, from_dict
+from simulator.config import SimConfig, apply_overrides, from_dict
 from simulator.errors import ConfigError
 from simulator.steptrace import StepTrace, first_divergence
 
@@ -61,10 +61,7 @@ def case_config(case: str, seed: int, num_requests: int = 500,
     data = copy.deepcopy(CASES[case])
     data["seed"] = seed
     data["workload"]["num_requests"] = num_requests
-    for item in overrides or []:
-        k, _, v = item.partition("=")
-        import yaml
-        apply_override(data, k.strip(), yaml.safe_load(v))
+    apply_overrides(data, overrides)
     return from_dict(data)
 
 

@@ -341,14 +341,10 @@ def run_scenario(s: Scenario, overrides: list[str] | tuple[str, ...] = ()) -> di
             return exp.headline(**s.params, overrides=list(overrides))
         except TypeError as e:
             raise ConfigError(f"{s.file}: params for experiment {s.experiment}: {e}") from None
-    from simulator.config import _parse_value, apply_override, from_dict, load_config
+    from simulator.config import apply_overrides, from_dict, load_config
     from simulator.runner import run
     data = _merge(load_config(s.config_file), s.config)
-    for item in [*s.overrides, *overrides]:
-        if "=" not in item:
-            raise ConfigError(f"{s.file}: --set expects key=value, got {item!r}")
-        k, v = item.split("=", 1)
-        apply_override(data, k.strip(), _parse_value(v))
+    apply_overrides(data, [*s.overrides, *overrides], where=f"{s.file}: ")
     return run(from_dict(data)).summary
 
 

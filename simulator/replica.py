@@ -116,8 +116,7 @@ class Replica:
                 self.on_iteration()
 
 
-def feed_arrivals(env: simpy.Environment, workload, replica: Replica,
-                  on_arrival: Callable[[], None] | None = None):
+def feed_arrivals(env: simpy.Environment, workload, replica: Replica):
     """SimPy process: create each Request at its arrival time and hand it to the replica."""
     arrival, prompt, output, priority = (workload.arrival_s, workload.prompt_tokens,
                                          workload.output_tokens, workload.priority)

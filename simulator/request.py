@@ -25,7 +25,7 @@ class Request:
         "req_id", "index", "arrival_s", "prompt_tokens", "output_tokens", "priority", "tenant",
         "prefix", "status", "num_computed_tokens", "num_output_tokens", "first_scheduled_s",
         "first_token_s", "last_token_s", "finish_s", "num_preemptions", "num_cached_tokens",
-        "reject_reason", "slot", "block_hashes", "tier",
+        "reject_reason", "block_hashes", "tier",
     )
 
     def __init__(self, req_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
@@ -48,7 +48,6 @@ class Request:
         self.num_preemptions = 0
         self.num_cached_tokens = -1  # prefix-cache hit tokens at first admission
         self.reject_reason = ""
-        self.slot = -1  # row in the running batch arrays while RUNNING
         self.block_hashes: list[int] | None = None  # filled lazily by the prefix cache
 
     @property

@@ -36,7 +36,16 @@ import numpy as np
 import pandas as pd
 
 from simulator import __version__
-from simulator.config import _SECTIONS, SimConfig, _field_names, apply_override, from_dict, load_config
+from simulator.config import (
+    _SECTIONS,
+    SimConfig,
+    _field_names,
+    apply_override,
+    apply_overrides,
+    from_dict,
+    load_config,
+    parse_value,
+)
 from simulator.errors import ConfigError, did_you_mean
 from simulator.metrics import aggregate_seeds, clean_floats, flatten
 
@@ -57,14 +66,6 @@ def code_fingerprint() -> str:
 
 
 # --- the grid --------------------------------------------------------------------------------
-def _parse_value(text: str) -> Any:
-    import yaml
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-
-
 def check_key(key: str) -> str:
     """The dotted form of a grid key, or a ConfigError with a suggestion. Checks the top
     level and the section field; deeper parts (workload.arrival.rate) are checked when each
@@ -94,7 +95,7 @@ def parse_grid(items: Iterable[str]) -> dict[str, list[Any]]:
         if "=" not in item:
             raise ConfigError(f"--grid expects key=v1,v2,..., got {item!r}")
         key, text = (s.strip() for s in item.split("=", 1))
-        values = [_parse_value(v.strip()) for v in text.split(",") if v.strip()]
+        values = [parse_value(v.strip()) for v in text.split(",") if v.strip()]
         if not values:
             raise ConfigError(f"--grid {key}: no values (write {key}=v1,v2,...)")
         grid[key] = values
@@ -511,11 +512,7 @@ def load_sweep(config_path: str | None, grid_items: list[str], num_seeds: int | 
     grid = {k: (v if isinstance(v, list) else [v]) for k, v in grid.items()}
     grid.update(parse_grid(grid_items))
     grid = check_grid(grid)
-    for item in overrides or []:
-        if "=" not in item:
-            raise ConfigError(f"--set expects key=value, got {item!r}")
-        k, v = item.split("=", 1)
-        apply_override(data, k.strip(), _parse_value(v))
+    apply_overrides(data, overrides)
     n = num_seeds if num_seeds is not None else section.get("seeds", 1)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ConfigError(f"--seeds must be an integer >= 1, got {n!r}")

@@ -62,7 +62,6 @@ class RunningBatch:
         self.capacity[i] = capacity
         self.n[i] = 0
         self.last_token[i] = req.last_token_s
-        req.slot = i
         return i
 
     def write_back(self, i: int) -> Request:
