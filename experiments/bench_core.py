@@ -19,8 +19,8 @@ import time
 
 
 def one(n: int, rate: float) -> dict:
-    from simulator.config import build_config
-    from simulator.runner import run
+    from simulator.config.schema import build_config
+    from simulator.engine.run import run
 
     cfg = build_config(None, [f"workload.num_requests={n}", f"workload.arrival.rate={rate}",
                               "engine.max_model_len=4096"])

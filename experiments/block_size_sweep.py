@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from simulator.experiment import config_path, md_table, results_dir, run_point, write_page  # noqa: E402
+from simulator.analysis.experiments import config_path, md_table, results_dir, run_point, write_page  # noqa: E402
 
 NAME = "block_size_sweep"
 CONFIG = config_path("sharegpt_opt13b_a100_40gb")

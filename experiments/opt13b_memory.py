@@ -2,7 +2,7 @@
 
     kvsim experiment opt13b_memory
 
-No simulation: kvsim's memory plan (simulator/memory.py, vLLM's math) for OPT-13B on one
+No simulation: kvsim's memory plan (simulator/hardware/memory.py, vLLM's math) for OPT-13B on one
 A100-40GB at vLLM's defaults (gpu_memory_utilization 0.9, max_num_batched_tokens 2048,
 max_num_seqs 256, activations estimated), and the same plan with the activation and non-torch
 reserves set to zero, the accounting Table 1 implies.
@@ -17,10 +17,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from simulator.experiment import md_table, results_dir, write_page  # noqa: E402
-from simulator.gpus import GIB, get_gpu  # noqa: E402
-from simulator.memory import plan_memory  # noqa: E402
-from simulator.models import get_model  # noqa: E402
+from simulator.analysis.experiments import md_table, results_dir, write_page  # noqa: E402
+from simulator.hardware.gpus import GIB, get_gpu  # noqa: E402
+from simulator.hardware.memory import plan_memory  # noqa: E402
+from simulator.hardware.models import get_model  # noqa: E402
 
 NAME = "opt13b_memory"
 CLAIM = ("PagedAttention Table 1: OPT-13B on one A100-40GB has 26 GB of weights and 12 GB of KV "
@@ -104,7 +104,8 @@ def main(argv=None) -> int:
            "a disagreement in the per-token or weight figures.")
     write_page(NAME, "PagedAttention Table 1: OPT-13B memory on one A100-40GB", claim=CLAIM,
                reproduce=f"kvsim experiment {NAME}",
-               setup=("kvsim's memory plan (simulator/memory.py) for OPT-13B (fp16) on one A100-40GB "
+               setup=("kvsim's memory plan (simulator/hardware/memory.py) for OPT-13B (fp16) "
+                      "on one A100-40GB "
                       "(40 GiB), block_size 16, max_num_batched_tokens 2048, max_num_seqs 256, at "
                       "gpu_memory_utilization 0.9 (vLLM's default) and 1.0, with the activation "
                       "reserve estimated or set to 0 (engine.activation_reserve_gib: 0)."),

@@ -18,7 +18,7 @@ import matplotlib.ticker
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from simulator.experiment import config_path, md_table, results_dir, run_point, write_page  # noqa: E402
+from simulator.analysis.experiments import config_path, md_table, results_dir, run_point, write_page  # noqa: E402
 
 NAME = "prefill_chunk"
 CONFIG = config_path(NAME)

@@ -20,8 +20,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from simulator.config import build_config  # noqa: E402
-from simulator.runner import run  # noqa: E402
+from simulator.config.schema import build_config  # noqa: E402
+from simulator.engine.run import run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 TRACE = ROOT.parent.parent / "shared" / "data" / "traces" / "mooncake_conversation.jsonl"

@@ -22,9 +22,9 @@ import yaml
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from simulator.config import build_config  # noqa: E402
-from simulator.paths import data_dir  # noqa: E402
-from simulator.runner import run  # noqa: E402
+from simulator.config.paths import data_dir  # noqa: E402
+from simulator.config.schema import build_config  # noqa: E402
+from simulator.engine.run import run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 BLOCK_SIZES = (8, 16, 32, 64, 128)

@@ -20,8 +20,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from simulator.config import build_config  # noqa: E402
-from simulator.runner import run  # noqa: E402
+from simulator.config.schema import build_config  # noqa: E402
+from simulator.engine.run import run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 TRACES = ROOT.parent.parent / "shared" / "data" / "traces"

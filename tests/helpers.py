@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.kvcache import ContiguousAllocator, PagedAllocator
-from simulator.request import Request
-from simulator.schedulers import BATCHING_MODES, QUEUE_POLICIES, Scheduler
+from simulator.engine.kvcache import ContiguousAllocator, PagedAllocator
+from simulator.engine.scheduling import BATCHING_MODES, QUEUE_POLICIES, Scheduler
+from simulator.workload.request import Request
 
 
 def make_scheduler(num_blocks=7, block_size=4, budget=8, max_num_seqs=4, batching="continuous",

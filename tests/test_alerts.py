@@ -7,11 +7,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.alerts import DEFAULT_RULES, AlertRule, evaluate, firings, preemption_rate, resolve_rules
-from simulator.config import build_config
+from simulator.config.schema import build_config
+from simulator.engine.run import run
 from simulator.errors import ConfigError
-from simulator.runner import run
-from simulator.timeseries import StepFunction
+from simulator.metrics.alerts import (
+    DEFAULT_RULES,
+    AlertRule,
+    evaluate,
+    firings,
+    preemption_rate,
+    resolve_rules,
+)
+from simulator.metrics.timeseries import StepFunction
 
 
 def frames(usage, waiting=None, preempted=None, finishes=(), step_s=1.0):

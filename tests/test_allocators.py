@@ -6,8 +6,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from simulator.kvcache import ContiguousAllocator, PagedAllocator
-from simulator.request import Request
+from simulator.engine.kvcache import ContiguousAllocator, PagedAllocator
+from simulator.workload.request import Request
 
 
 def req(i, prompt=10, out=5):

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from simulator.calibration import (
+from simulator.calibration.fit import (
     fit_compute,
     fit_gpu,
     fit_network,
@@ -22,10 +22,10 @@ from simulator.calibration import (
     read_mlp_csv,
     write_calibration,
 )
-from simulator.cli import main as cli_main
-from simulator.costmodel import LAYER_OPS, CostParams, ShardDims, op_times
+from simulator.cli.main import main as cli_main
+from simulator.engine.costmodel import LAYER_OPS, CostParams, ShardDims, op_times
 from simulator.errors import ConfigError
-from simulator.gpus import get_gpu
+from simulator.hardware.gpus import get_gpu
 
 OPS = ("emb", *LAYER_OPS)
 REPO = Path(__file__).resolve().parents[1]
@@ -229,8 +229,8 @@ def test_calibrate_cli_writes_profile_and_plot(shared_data, tmp_path, capsys):
 def test_profile_round_trips_through_calibrate(tmp_path, capsys):
     torch = pytest.importorskip("torch", reason="torch not installed: kvsim profile needs the "
                                                 "optional extra, pip install 'kvsim[profile]'")
-    from simulator.models import ModelSpec
-    from simulator.profile import ProfileConfig, run_profile
+    from simulator.calibration.profile import ProfileConfig, run_profile
+    from simulator.hardware.models import ModelSpec
 
     del torch
     tiny = ModelSpec("tiny-org/tiny-llama", 2, 64, 4, 2, 16, 128, 256, 512)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.cli import main
+from simulator.cli.main import main
 
 
 def run_cli(capsys, *args):

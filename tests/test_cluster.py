@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from simulator.cluster import resolve_cluster
-from simulator.config import build_config
+from simulator.config.schema import build_config
+from simulator.engine.cluster import resolve_cluster
+from simulator.engine.run import run
 from simulator.errors import ConfigError
-from simulator.runner import run
-from simulator.workload import RequestArrays
+from simulator.workload.generators import RequestArrays
 
 SMALL = ["workload.num_requests=120", "workload.arrival.rate=40",
          "workload.output_tokens.mean=64", "engine.max_model_len=4096"]

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.costmodel import CostModel, CostParams, StepShape, prefill_pairs
+from simulator.engine.costmodel import CostModel, CostParams, StepShape, prefill_pairs
 from simulator.errors import ConfigError
-from simulator.gpus import get_gpu, gpu_names
-from simulator.models import get_model
+from simulator.hardware.gpus import get_gpu, gpu_names
+from simulator.hardware.models import get_model
 
 GPUS = sorted({get_gpu(n).name for n in gpu_names()})
 MODELS = ["llama-2-7b", "llama-3.1-70b", "mixtral-8x7b", "phi-2", "qwen2.5-7b", "opt-13b"]
@@ -124,7 +124,7 @@ def test_decode_step_llama2_7b_a100_matches_measured_ops(shared_data):
     """Must-show 2: a batch-1 decode step of Llama-2-7B on A100 lands within 10 % of the measured
     per-layer ops x 32 layers + measured embedding + the model's own stated terms (attention at
     the context length, LM head GEMM, iteration overhead)."""
-    from simulator.calibration import read_mlp_csv
+    from simulator.calibration.fit import read_mlp_csv
 
     m = read_mlp_csv(shared_data / "kernels/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv")
     row = (m.tokens == 1) & (m.tp == 1)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from simulator.cli import main
+from simulator.analysis.experiments import get_experiment, list_experiments
+from simulator.cli.main import main
 from simulator.errors import ConfigError
-from simulator.experiment import get_experiment, list_experiments
 
 REPO = Path(__file__).resolve().parent.parent
 SEVEN = ("static_vs_continuous", "contiguous_vs_paged", "opt13b_memory", "block_size_sweep",

@@ -7,9 +7,9 @@ import math
 import pytest
 
 from simulator.errors import ConfigError
-from simulator.gpus import get_gpu, gpu_names
-from simulator.memory import NON_TORCH_BYTES, activation_peak_bytes, plan_memory
-from simulator.models import get_model
+from simulator.hardware.gpus import get_gpu, gpu_names
+from simulator.hardware.memory import NON_TORCH_BYTES, activation_peak_bytes, plan_memory
+from simulator.hardware.models import get_model
 
 GIB = 2**30
 

@@ -18,12 +18,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.config import build_config
-from simulator.costmodel import CostModel
+from simulator.config.schema import build_config
+from simulator.engine.costmodel import CostModel
+from simulator.engine.run import run
 from simulator.errors import ConfigError
-from simulator.metrics import MetricsRecorder, histogram, resolve_slo
-from simulator.runner import run
-from simulator.workload import RequestArrays
+from simulator.metrics.summary import MetricsRecorder, histogram, resolve_slo
+from simulator.workload.generators import RequestArrays
 
 STEP_S = 0.25
 

@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from simulator.cli import main
-from simulator.metrics import aggregate_seeds, flatten, t975
+from simulator.cli.main import main
+from simulator.metrics.summary import aggregate_seeds, flatten, t975
 
 # ~40 short requests on the default H100 / Llama-3.1-8B: a fraction of a second per seed
 SMALL = ["--set", "workload.num_requests=40", "--set", "workload.arrival.rate=10",

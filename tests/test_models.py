@@ -7,7 +7,7 @@ import json
 import pytest
 
 from simulator.errors import ConfigError
-from simulator.models import get_model, load_model, model_names
+from simulator.hardware.models import get_model, load_model, model_names
 
 # (name, published params in billions, KV bytes/token in fp16) from REFERENCE.md "Models"
 PUBLISHED = [

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed: the parity tests need the `vllm` extra "
                                    "(install steps in docs/parity.md; .ci/run installs it)")
 
-from simulator.parity import CASES, case_config, run_pair  # noqa: E402
+from simulator.analysis.parity import CASES, case_config, run_pair  # noqa: E402
 
 
 def _check(case: str, seed: int, num_requests: int) -> None:
@@ -51,7 +51,7 @@ def test_sequential_reference_loop_matches_vllm_too():
 
 
 def test_cli_reports_identical_and_the_ratio(tmp_path, capsys):
-    from simulator.cli import main
+    from simulator.cli.main import main
     rc = main(["parity", "--case", "fcfs-nocache", "--num-requests", "100", "--seed", "5",
                "--trace-dir", str(tmp_path), "--json", str(tmp_path / "parity.json")])
     out = capsys.readouterr().out
@@ -71,7 +71,7 @@ def test_cli_reports_identical_and_the_ratio(tmp_path, capsys):
 def test_golden_scenarios_step_for_step_on_vllm(kwargs, arrivals):
     from helpers import drive, make_scheduler
 
-    from simulator.vllm_backend import VllmScheduler
+    from simulator.backends.vllm import VllmScheduler
     kwargs = dict(kwargs)
     isl = kwargs.pop("isl", True)
     ours = make_scheduler(max_num_seqs=4, **kwargs)

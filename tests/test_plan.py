@@ -7,11 +7,18 @@ import json
 
 import pytest
 
-from simulator.cli import main
-from simulator.config import from_dict
+from simulator.analysis.plan import (
+    Candidate,
+    Planner,
+    PlanSettings,
+    PlanSlo,
+    confirm_ranking,
+    parse_candidates,
+)
+from simulator.cli.main import main
+from simulator.config.schema import from_dict
+from simulator.engine.run import run
 from simulator.errors import ConfigError
-from simulator.plan import Candidate, Planner, PlanSettings, PlanSlo, confirm_ranking, parse_candidates
-from simulator.runner import run
 
 SYNTH = {"engine": {"max_model_len": 4096},
          "workload": {"arrival": {"process": "poisson", "rate": 1.0},

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.config import build_config
+from simulator.config.schema import build_config
+from simulator.engine.run import run
+from simulator.engine.scheduling.queues import validate_tiers
+from simulator.engine.swap import SwapSpace
 from simulator.errors import ConfigError
-from simulator.runner import run
-from simulator.schedulers.queues import validate_tiers
-from simulator.swap import SwapSpace
 from tests.helpers import drive, make_scheduler
 
 
@@ -64,8 +64,8 @@ def test_priority_order_and_victim_follow_vllm(policy, golden, vectorized):
 
 
 def test_priority_victim_ties_break_by_arrival():
-    from simulator.request import Request
-    from simulator.schedulers.queues import Priority
+    from simulator.engine.scheduling.queues import Priority
+    from simulator.workload.request import Request
     running = [Request(0, 1.0, 4, 4, priority=2), Request(1, 0.5, 4, 4, priority=2),
                Request(2, 3.0, 4, 4, priority=1)]
     assert Priority().pick_victim(running) == 0  # max (priority, arrival) = (2, 1.0)
@@ -108,7 +108,7 @@ def test_swap_conserves_blocks_and_falls_back_to_recompute():
     sched = make_scheduler(num_blocks=9, block_size=4, budget=64, max_num_seqs=4, swap=swap)
     kv = sched.kv
     log, step = [], 0
-    from simulator.request import Request
+    from simulator.workload.request import Request
     for i, (p, o) in enumerate([(8, 10), (8, 10), (12, 6)]):
         sched.add_request(Request(i, 0.0, p, o))
     seen_swap = seen_recompute = False
@@ -139,7 +139,7 @@ def test_swap_cost_grows_with_small_blocks():
     def cost(bs, tensors=1):
         s = SwapSpace(2**30, block_size=bs, bytes_per_token=128 * 1024, link_gbps=25,
                       latency_s=1e-5, tensors=tensors)
-        from simulator.request import Request
+        from simulator.workload.request import Request
         return s.swap_out(Request(0, 0.0, 1024, 1), 1024)
     assert cost(8) > cost(128) > 0
     # 1024 tokens: 128 blocks of 8 vs 8 blocks of 128, one copy each per K/V tensor per layer
@@ -169,7 +169,7 @@ def test_bad_tiers(tiers, message):
 def test_unknown_tier_name_in_workload():
     import numpy as np
 
-    from simulator.workload import RequestArrays
+    from simulator.workload.generators import RequestArrays
     w = RequestArrays(np.zeros(2), np.array([10, 10]), np.array([5, 5]), np.zeros(2, np.int64),
                       tier=np.array(["gold", "bronz"]))
     cfg = build_config(None, ["engine.queue_policy=tiered", "engine.max_model_len=4096"],

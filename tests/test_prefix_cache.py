@@ -11,9 +11,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from simulator.kvcache import PagedAllocator
-from simulator.kvcache.prefix import BlockHasher
-from simulator.request import Request
+from simulator.engine.kvcache import PagedAllocator
+from simulator.engine.kvcache.prefix import BlockHasher
+from simulator.workload.request import Request
 
 
 def make_kv(num_blocks=20, block_size=4, eviction="lru", **params):
@@ -320,7 +320,7 @@ def test_next_turn_hits_the_previous_answer_when_ids_cover_it():
 
 
 def _shared_prefix_workload(n=120):
-    from simulator.workload import RequestArrays
+    from simulator.workload.generators import RequestArrays
     rng = np.random.default_rng(5)
     prompts = rng.integers(1100, 1500, size=n)  # three 512-token chunks each, the last unique
     prefix = [np.array([i % 3, 100 + i % 5, 1000 + i]) for i in range(n)]
@@ -331,8 +331,8 @@ def _shared_prefix_workload(n=120):
 def test_caching_off_is_the_core_allocator(tmp_path):
     """With caching off, content identity is ignored: the run equals one whose requests carry
     no prefix at all, file for file."""
-    from simulator.config import build_config
-    from simulator.runner import run
+    from simulator.config.schema import build_config
+    from simulator.engine.run import run
     cfg = build_config(None, ["engine.enable_prefix_caching=false", "engine.max_model_len=4096",
                               "engine.gpu_memory_utilization=0.4", "gpu=a100-40gb", "model=llama-2-7b"])
     with_ids = _shared_prefix_workload()
@@ -346,8 +346,8 @@ def test_caching_off_is_the_core_allocator(tmp_path):
 
 
 def test_caching_on_hits_shared_prefixes_and_cuts_ttft():
-    from simulator.config import build_config
-    from simulator.runner import run
+    from simulator.config.schema import build_config
+    from simulator.engine.run import run
     sets = ["engine.max_model_len=4096", "gpu=a100-80gb", "model=llama-2-7b"]
     on = run(build_config(None, sets), workload=_shared_prefix_workload())
     off = run(build_config(None, sets + ["engine.enable_prefix_caching=false"]),

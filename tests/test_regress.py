@@ -11,10 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator import runner
-from simulator.cli import main
-from simulator.errors import ConfigError
-from simulator.regress import (
+from simulator.analysis.regress import (
     BASELINE_SCHEMA_VERSION,
     MetricSpec,
     Outcome,
@@ -26,6 +23,9 @@ from simulator.regress import (
     run_suite,
     write_baseline,
 )
+from simulator.cli.main import main
+from simulator.engine import run as runner
+from simulator.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -8,11 +8,11 @@ import re
 
 import numpy as np
 
-from simulator.cli import main
-from simulator.config import build_config
-from simulator.metrics import SCHEMA_VERSION
-from simulator.runner import run
-from simulator.workload import RequestArrays
+from simulator.cli.main import main
+from simulator.config.schema import build_config
+from simulator.engine.run import run
+from simulator.metrics.summary import SCHEMA_VERSION
+from simulator.workload.generators import RequestArrays
 
 SMALL = ["--set", "workload.num_requests=30", "--set", "workload.arrival.rate=10",
          "--set", "workload.output_tokens={dist: lognormal, mean: 40, cv: 1.0, min: 1, max: 256}",

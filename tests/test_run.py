@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.config import build_config
-from simulator.runner import run
-from simulator.workload import RequestArrays
+from simulator.config.schema import build_config
+from simulator.engine.run import run
+from simulator.workload.generators import RequestArrays
 
 
 def cfg(**overrides):

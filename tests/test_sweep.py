@@ -8,8 +8,8 @@ import json
 import pandas as pd
 import pytest
 
-from simulator import sweep as sw
-from simulator.cli import main
+from simulator.analysis import sweep as sw
+from simulator.cli.main import main
 from simulator.errors import ConfigError
 
 BASE = {"workload": {"num_requests": 40, "arrival": {"process": "poisson", "rate": 40.0},

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from simulator.errors import ConfigError
-from simulator.timeseries import StepFunction, build_timeseries, grid, time_weighted, to_openmetrics
+from simulator.metrics.timeseries import StepFunction, build_timeseries, grid, time_weighted, to_openmetrics
 from tests.test_metrics import fixed_step, run_two  # noqa: F401  (fixture)
 
 parser = pytest.importorskip("prometheus_client.openmetrics.parser")

@@ -1,4 +1,4 @@
-"""Trace loaders, format detection, bad input and transforms (simulator/traces.py)."""
+"""Trace loaders, format detection, bad input and transforms (simulator/workload/traces.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from simulator.config.workload import WorkloadConfig
 from simulator.errors import ConfigError
-from simulator.traces import read_trace
-from simulator.workload import generate
-from simulator.workload_config import WorkloadConfig
+from simulator.workload.generators import generate
+from simulator.workload.traces import read_trace
 
 SEED = np.random.SeedSequence(0)
 

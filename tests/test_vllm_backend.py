@@ -8,13 +8,13 @@ import sys
 import numpy as np
 import pytest
 
-from simulator.config import build_config
+from simulator.backends.vllm import INSTALL_HINT, TokenIds, import_vllm
+from simulator.config.schema import build_config
+from simulator.engine.kvcache.prefix import BlockHasher
+from simulator.engine.run import run
+from simulator.engine.steptrace import StepTrace, first_divergence, read_trace
 from simulator.errors import ConfigError
-from simulator.kvcache.prefix import BlockHasher
-from simulator.request import Request
-from simulator.runner import run
-from simulator.steptrace import StepTrace, first_divergence, read_trace
-from simulator.vllm_backend import INSTALL_HINT, TokenIds, import_vllm
+from simulator.workload.request import Request
 
 SMALL = ["workload.num_requests=5", "engine.max_model_len=4096"]
 
@@ -34,7 +34,7 @@ def test_missing_vllm_is_one_line_saying_how_to_install(no_vllm):
 
 
 def test_missing_vllm_from_the_cli(no_vllm, capsys):
-    from simulator.cli import main
+    from simulator.cli.main import main
     assert main(["run", "--set", "engine.backend=vllm", *sum((["--set", s] for s in SMALL), []),
                  "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -116,7 +116,7 @@ def test_first_divergence_names_step_and_field(tmp_path):
 
 
 def test_kvsim_trace_records_admissions_with_prefix_hits(tmp_path):
-    from simulator.cli import main
+    from simulator.cli.main import main
     out = tmp_path / "trace.jsonl"
     assert main(["run", "--set", "workload.num_requests=30", "--set", "engine.max_model_len=4096",
                  "--set", "workload.system_prompts={count: 1, tokens: {dist: constant, value: 600}}",

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.cli import main
-from simulator.cli_workload import load_source
+from simulator.cli.main import main
+from simulator.cli.workload import load_source
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = REPO / "workloads"
@@ -134,7 +134,7 @@ def test_sample_trace_is_regenerated_byte_identical(tmp_path):
 
 def test_run_sample_trace_end_to_end(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "run", str(WORKLOADS / "sample.yaml"),
+    proc = subprocess.run([sys.executable, "-m", "simulator.cli.main", "run", str(WORKLOADS / "sample.yaml"),
                            "--set", "workload.duration_s=60", "--out", str(out), "--quiet"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -148,7 +148,7 @@ def test_run_sample_trace_end_to_end(tmp_path):
 def test_run_azure_conv_trace_end_to_end(shared_data, tmp_path):
     """The whole hour of the Azure 2023 conversation trace through `kvsim run`."""
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "run",
+    proc = subprocess.run([sys.executable, "-m", "simulator.cli.main", "run",
                            str(WORKLOADS / "azure_conv.yaml"), "--set",
                            f"workload.trace={shared_data / 'traces' / 'azure_llm_2023_conv.csv'}",
                            "--out", str(out), "--quiet"],

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from simulator.config.workload import ARRIVAL_PARAMS, LENGTH_PARAMS, WorkloadConfig
 from simulator.errors import ConfigError
-from simulator.workload import ARRIVALS, LENGTHS, ChunkIds, RequestArrays, generate, sample_lengths
-from simulator.workload_config import ARRIVAL_PARAMS, LENGTH_PARAMS, WorkloadConfig
+from simulator.workload.generators import ARRIVALS, LENGTHS, ChunkIds, RequestArrays, generate, sample_lengths
 
 N = 100_000
 

@@ -1,0 +1,7 @@
+"""`python -m simulator` is the `kvsim` command."""
+
+import sys
+
+from simulator.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,244 @@
+"""`kvsim run [CONFIG.yaml] [--set key=value ...] [--seed N] [--seeds N] [--out DIR]` and vLLM's
+flag names.
+
+--seeds N runs seeds seed, seed+1, ..., seed+N-1 (each identical to `--seed s` on its own),
+writes each to OUT/seed_<s>/ and the mean and 95 % t-interval over seeds of every summary
+metric to OUT/seeds_summary.json (metrics.aggregate_seeds)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from simulator.config.schema import build_config
+from simulator.engine.run import run
+from simulator.errors import ConfigError
+from simulator.metrics.summary import aggregate_seeds, clean_floats
+from simulator.metrics.timeseries import check_interval
+
+# vLLM CLI flag -> engine field
+VLLM_FLAGS = {
+    "--block-size": ("block_size", int),
+    "--gpu-memory-utilization": ("gpu_memory_utilization", float),
+    "--max-model-len": ("max_model_len", int),
+    "--max-num-seqs": ("max_num_seqs", int),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", int),
+    "--tensor-parallel-size": ("tensor_parallel_size", int),
+}
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="simulate one replica", description=__doc__)
+    p.add_argument("config", nargs="?", help="YAML config (default: built-in Llama-3.1-8B on H100)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set engine.block_size=32 or "
+                        "--set workload.arrival.rate=5 (bare field names work when unambiguous)")
+    p.add_argument("--seed", type=int, help="random seed (default 0)")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="run N seeds (seed, seed+1, ...) and report mean and 95%% interval")
+    p.add_argument("--metrics-interval-s", type=float, default=1.0, metavar="S",
+                   help="sampling interval of timeseries.parquet / openmetrics.txt (default 1 s)")
+    p.add_argument("--model", help="model name or path to a Hugging Face config.json")
+    p.add_argument("--gpu", help="GPU profile name or path")
+    p.add_argument("--out", default="runs/latest", help="output directory (default runs/latest)")
+    p.add_argument("--quiet", action="store_true", help="print only the output directory")
+    p.add_argument("--trace-steps", metavar="FILE", help="write each step's decisions as JSONL "
+                   "(scheduled tokens, preemptions, admissions with prefix hits, finishes, KV "
+                   "usage; simulator/engine/steptrace.py), for either engine.backend")
+    for flag, (_, typ) in VLLM_FLAGS.items():
+        p.add_argument(flag, type=typ, help=f"vLLM flag (engine.{VLLM_FLAGS[flag][0]})")
+    p.set_defaults(func=main)
+
+
+def _progress_factory(console: Console):
+    """A progress bar that appears only once a run has taken more than ~2 s of wall time."""
+    state = {"t0": time.perf_counter(), "bar": None, "task": None, "n": 0}
+
+    def update(done: int, total: int) -> None:
+        state["n"] += 1
+        if state["n"] % 256:
+            return
+        if state["bar"] is None:
+            if time.perf_counter() - state["t0"] < 2.0:
+                return
+            from rich.progress import Progress
+            state["bar"] = Progress(console=console, transient=True)
+            state["bar"].start()
+            state["task"] = state["bar"].add_task("simulating", total=total)
+        state["bar"].update(state["task"], completed=done)
+
+    def stop() -> None:
+        if state["bar"] is not None:
+            state["bar"].stop()
+
+    return update, stop
+
+
+def main(args: argparse.Namespace) -> int:
+    extra = {}
+    for flag, (field, _) in VLLM_FLAGS.items():
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            extra[f"engine.{field}"] = value
+    if args.seed is not None:
+        extra["seed"] = args.seed
+    if args.model:
+        extra["model"] = args.model
+    if args.gpu:
+        extra["gpu"] = args.gpu
+    config = build_config(args.config, args.overrides, extra)
+    check_interval(args.metrics_interval_s)
+    if isinstance(args.seeds, bool) or not isinstance(args.seeds, int) or args.seeds < 1:
+        raise ConfigError(f"--seeds must be an integer >= 1, got {args.seeds!r}")
+    if args.seeds > 1:
+        return _main_seeds(args, config)
+    err = Console(stderr=True)
+    update, stop = _progress_factory(err)
+    trace = None
+    if args.trace_steps:
+        from simulator.engine.steptrace import StepTrace
+        trace = StepTrace()
+    try:
+        result = run(config, progress=None if args.quiet else update, trace=trace)
+    finally:
+        stop()
+    out = result.write(Path(args.out), interval_s=args.metrics_interval_s)
+    if trace is not None:
+        trace.write(args.trace_steps)
+    if args.quiet:
+        print(out)
+        return 0
+    console = Console()
+    for line in result.setup.lines():
+        console.print(line, highlight=False)
+    print_summary(console, result.summary)
+    console.print(f"wrote {out}/summary.json, requests.parquet, iterations.parquet, config.yaml, "
+                  f"timeseries.parquet, openmetrics.txt, alerts.json "
+                  f"(simulated in {result.wall_s:.1f} s wall); `kvsim report {out}` for a report",
+                  highlight=False)
+    return 0
+
+
+def _main_seeds(args: argparse.Namespace, config) -> int:
+    out = Path(args.out)
+    seeds = [config.seed + i for i in range(args.seeds)]
+    err = Console(stderr=True)
+    summaries = []
+    for seed in seeds:
+        result = run(dataclasses.replace(config, seed=seed))
+        result.write(out / f"seed_{seed}", interval_s=args.metrics_interval_s)
+        summaries.append(result.summary)
+        if not args.quiet:
+            err.print(f"seed {seed}: done ({result.wall_s:.1f} s wall)", highlight=False)
+    agg = aggregate_seeds(seeds, summaries)
+    (out / "seeds_summary.json").write_text(
+        json.dumps(clean_floats(agg), indent=2, sort_keys=True) + "\n")
+    if args.quiet:
+        print(out)
+        return 0
+    print_seeds_summary(Console(), agg)
+    Console().print(f"wrote {out}/seeds_summary.json and one run directory per seed "
+                    f"({', '.join(f'seed_{s}' for s in seeds)})", highlight=False)
+    return 0
+
+
+SEED_TABLE = (
+    ("throughput.requests_per_s", "throughput (req/s)", 1.0),
+    ("throughput.output_tokens_per_s", "output tok/s", 1.0),
+    ("latency_s.ttft.mean", "TTFT mean (ms)", 1e3),
+    ("latency_s.ttft.p99", "TTFT p99 (ms)", 1e3),
+    ("latency_s.tpot.mean", "TPOT mean (ms)", 1e3),
+    ("latency_s.e2e.p99", "E2E p99 (s)", 1.0),
+    ("kv_cache.usage_mean", "KV usage mean", 1.0),
+    ("queue.pending_mean", "waiting mean", 1.0),
+    ("preemptions.rate", "preemption rate", 1.0),
+    ("slo.share", "SLO share", 1.0),
+)
+
+
+def print_seeds_summary(console: Console, agg: dict) -> None:
+    table = Table(title=f"{len(agg['seeds'])} seeds: mean, 95% interval of the mean (ci95) and "
+                        f"95% prediction interval for one seed (pi95)", title_justify="left")
+    for col in ("metric", "mean", "ci95", "pi95"):
+        table.add_column(col, justify="right" if col != "metric" else "left")
+    for path, label, scale in SEED_TABLE:
+        m = agg["metrics"].get(path)
+        if m is not None:
+            table.add_row(label, _fmt(m["mean"], scale),
+                          f"{_fmt(m['ci95_low'], scale)} .. {_fmt(m['ci95_high'], scale)}",
+                          f"{_fmt(m['pi95_low'], scale)} .. {_fmt(m['pi95_high'], scale)}")
+    console.print(table)
+    fired = {k: v for k, v in agg["alerts_fired_in"].items() if v}
+    console.print("alerts fired: " + (", ".join(f"{k} in {v}/{len(agg['seeds'])} seeds"
+                                                for k, v in fired.items()) or "none"), highlight=False)
+
+
+def _fmt(v, scale=1.0, digits=3) -> str:
+    if v is None:
+        return "-"
+    x = v * scale
+    return f"{x:,.0f}" if abs(x) >= 10 ** digits else f"{x:.{digits}g}"  # 12,345 not 1.23e+04
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
+def print_summary(console: Console, s: dict) -> None:
+    r = s["requests"]
+    t = s["throughput"]
+    console.print(
+        f"requests: {r['arrived']} arrived, {r['finished']} finished, {r['rejected']} rejected"
+        + (f" {r['rejected_by_reason']}" if r["rejected"] else "")
+        + f"; makespan {s['makespan_s']:.1f} s; throughput {t['requests_per_s']:.2f} req/s, "
+          f"{t['output_tokens_per_s']:.0f} output tok/s", highlight=False)
+    table = Table(title="latency (ms)", title_justify="left")
+    for col in ("metric", "mean", "p50", "p90", "p99", "max"):
+        table.add_column(col, justify="right" if col != "metric" else "left")
+    for name in ("ttft", "tpot", "itl", "e2e", "queue"):
+        st = s["latency_s"][name]
+        table.add_row(name.upper(), *(_fmt(st[k], 1e3) for k in ("mean", "p50", "p90", "p99", "max")))
+    console.print(table)
+    kv = s["kv_cache"]
+    b = s["batch"]
+    q = s["queue"]
+    fr = s["fragmentation"]
+    slo = s["slo"]
+    console.print(
+        f"KV usage mean {_pct(kv['usage_mean'])}, p95 {_pct(kv['usage_p95'])}, max "
+        f"{_pct(kv['usage_max'])}; token-state share {_pct(fr['token_state_share'])}; prefix-cache "
+        f"hits {_pct(s['prefix_cache']['request_hit_rate'])} of prompt tokens", highlight=False)
+    if s.get("swap"):
+        sw = s["swap"]
+        console.print(f"swap: {sw['swap_outs']} out, {sw['swap_ins']} in, {sw['bytes'] / 2**30:.2f} GiB, "
+                      f"{_pct(sw['time_share'])} of busy time; {sw['fallbacks_to_recompute']} "
+                      f"preemptions fell back to recompute", highlight=False)
+    console.print(
+        f"batch size mean {_fmt(b['num_seqs']['mean'])}, p99 {_fmt(b['num_seqs']['p99'])} seqs, "
+        f"{_fmt(b['num_tokens']['mean'])} tokens; max running {b['max_running']}; "
+        f"{b['num_iterations']} iterations; waiting mean {_fmt(q['pending_mean'])}, max "
+        f"{_fmt(q['pending_max'])}", highlight=False)
+    console.print(
+        f"preemptions {s['preemptions']['total']} ({r['preempted_at_least_once']} requests, "
+        f"{_fmt(s['preemptions']['per_s'])}/s); SLO (TTFT <= {_fmt(slo['ttft_s'])} s, TPOT <= "
+        f"{_fmt(slo['tpot_s'])} s) met by {_pct(slo['share'])}, goodput "
+        f"{_fmt(slo['goodput_requests_per_s'])} req/s", highlight=False)
+    fired = s["alerts"]["fired"]
+    console.print("alerts fired: " + (", ".join(
+        f"{n} ({s['alerts']['rules'][n]['num_firings']}x)" for n in fired) if fired else "none"),
+        style="red" if fired else None, highlight=False)
+    if not s["config"]["cost_model_calibrated"]:
+        console.print("note: no kernel measurements for this GPU: its cost-model efficiencies are "
+                      "extrapolated from the nearest measured GPU (see the cost model line above)",
+                      style="yellow", highlight=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main(argparse.Namespace()))

@@ -1,0 +1,118 @@
+"""Contiguous KV cache (FasterTransformer / Orca): one reservation per request in a flat
+address space of token slots, placed first-fit.
+
+Reservation size at admission, by `reserve` mode (PagedAttention Fig 2's Orca variants):
+- max_model_len: every request reserves max_model_len slots (FasterTransformer, Orca (Max))
+- pow2: the next power of two >= prompt + output (Orca (Pow2))
+- oracle: exactly prompt + output (Orca (Oracle); needs the true output length)
+
+Free space is a sorted list of holes [start, length); freeing merges neighbours. External
+fragmentation is real here: free slots that no hole large enough can use.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from simulator.engine.kvcache.base import ALLOCATORS
+from simulator.workload.request import Request
+
+
+@ALLOCATORS.register("contiguous")
+class ContiguousAllocator:
+    name = "contiguous"
+    block_size = 1
+    caches_full_blocks = False
+    now = 0.0
+
+    def __init__(self, total_slots: int, reserve: str = "max_model_len", max_model_len: int = 0,
+                 **_: object) -> None:
+        if reserve not in ("max_model_len", "pow2", "oracle"):
+            raise ValueError(f"unknown contiguous reserve mode {reserve!r}")
+        if reserve == "max_model_len" and max_model_len <= 0:
+            raise ValueError("reserve=max_model_len needs max_model_len > 0")
+        self.total_slots = total_slots
+        self.reserve = reserve
+        self.max_model_len = max_model_len
+        self._starts: list[int] = [0]  # hole starts, sorted
+        self._lengths: list[int] = [total_slots]
+        self._used = 0
+        self.req_to_region: dict[int, tuple[int, int]] = {}
+
+    def max_request_slots(self, req: Request) -> int:
+        total = req.prompt_tokens + req.output_tokens
+        if self.reserve == "max_model_len":
+            return self.max_model_len
+        if self.reserve == "pow2":
+            return 1 << (total - 1).bit_length()
+        return total
+
+    def get_computed_tokens(self, req: Request) -> int:
+        return 0
+
+    def allocate_slots(self, req: Request, num_new_tokens: int, num_computed_tokens: int,
+                       full_sequence_must_fit: bool = False, num_tokens: int | None = None
+                       ) -> int | None:
+        """First call reserves the whole region (first fit); later calls fit inside it."""
+        region = self.req_to_region.get(req.req_id)
+        if region is not None:
+            size = region[1]
+            return size if num_computed_tokens + num_new_tokens <= size else None
+        size = self.max_request_slots(req)
+        for i, length in enumerate(self._lengths):
+            if length >= size:
+                start = self._starts[i]
+                if length == size:
+                    del self._starts[i], self._lengths[i]
+                else:
+                    self._starts[i] += size
+                    self._lengths[i] -= size
+                self.req_to_region[req.req_id] = (start, size)
+                self._used += size
+                return size
+        return None
+
+    def allocate_slots_many(self, reqs: list[Request], num_new: list[int],
+                            num_computed: list[int], num_tokens: list[int] | None = None
+                            ) -> list[int]:
+        caps = []
+        for req, n, c in zip(reqs, num_new, num_computed):
+            cap = self.allocate_slots(req, n, c)
+            if cap is None:
+                break
+            caps.append(cap)
+        return caps
+
+    def free(self, req: Request, now: float = 0.0) -> None:
+        region = self.req_to_region.pop(req.req_id, None)
+        if region is None:
+            return
+        start, size = region
+        self._used -= size
+        i = bisect.bisect_left(self._starts, start)
+        self._starts.insert(i, start)
+        self._lengths.insert(i, size)
+        # merge with the next hole, then with the previous one
+        if i + 1 < len(self._starts) and start + size == self._starts[i + 1]:
+            self._lengths[i] += self._lengths.pop(i + 1)
+            del self._starts[i + 1]
+        if i > 0 and self._starts[i - 1] + self._lengths[i - 1] == start:
+            self._lengths[i - 1] += self._lengths.pop(i)
+            del self._starts[i]
+
+    def can_fit(self, token_counts: list[int]) -> bool:
+        # Only asked when the batch is empty (static batching): the pool is one hole.
+        return sum(token_counts) <= self.total_slots - self._used
+
+
+    @property
+    def used_slots(self) -> int:
+        return self._used
+
+    @property
+    def usage(self) -> float:
+        return self._used / self.total_slots
+
+    @property
+    def largest_hole(self) -> int:
+        return max(self._lengths, default=0)

@@ -1,0 +1,51 @@
+"""Batching modes: who may join the running batch, and when.
+
+- `continuous` (Orca / vLLM): iteration-level; waiting requests are admitted at every step
+  while the token budget, max_num_seqs and KV memory allow.
+- `static` (FasterTransformer-style): when the running batch is empty, up to max_num_seqs
+  waiting requests whose *final* sizes all fit in KV memory form a batch; nobody joins until
+  every member has finished. Prefill respects the token budget (chunked), so a batch may
+  take several steps to prefill. Finished members stop costing compute but their slot is
+  not refilled. No preemption can happen: the batch was admitted at its final size.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from simulator.config.registry import Registry
+
+if TYPE_CHECKING:
+    from simulator.engine.scheduling.scheduler import Scheduler
+
+BATCHING_MODES: Registry = Registry("scheduler")
+
+
+@BATCHING_MODES.register("continuous")
+class Continuous:
+    admits_waiting = True
+
+    def form_batch(self, sched: Scheduler, now: float) -> int:
+        return 0
+
+
+@BATCHING_MODES.register("static")
+class Static:
+    admits_waiting = False
+
+    def form_batch(self, sched: Scheduler, now: float) -> int:
+        """1. only when nothing runs; 2. take queue heads while max_num_seqs and the sum of
+        their final KV sizes allow; 3. they enter running with nothing computed yet."""
+        if sched.running.m or not len(sched.queue):
+            return 0
+        sizes: list[int] = []
+        while len(sched.queue) and len(sizes) < sched.max_num_seqs:
+            req = sched.queue.peek()
+            if req is None:
+                break
+            size = sched.kv.max_request_slots(req)
+            if not sched.kv.can_fit(sizes + [size]):
+                break
+            sizes.append(size)
+            sched.admit(sched.queue.pop(), num_computed=0, capacity=0, now=now)
+        return len(sizes)

@@ -1,0 +1,388 @@
+"""The step scheduler (vLLM v1 semantics) and its running batch kept as numpy columns.
+
+One step (`schedule`), mirroring vLLM v1's `Scheduler.schedule`:
+1. The batching mode may form a batch (static batching only).
+2. Running requests, in order, each get min(remaining tokens, budget) tokens while the token
+   budget lasts. A request whose new tokens do not fit in its KV slots asks the manager; on
+   None the queue policy picks a victim, which is preempted (recompute: its KV freed, its
+   computed tokens reset, back at the front of the waiting queue) and the allocation retried.
+   If the victim is the request itself, running-request scheduling stops.
+   Under `priority` a request that is its own victim is skipped and the loop goes on with the
+   next one (vLLM 0.33); under fcfs it stops the loop.
+3. Unless something was preempted this step, waiting requests are admitted in queue order
+   while budget > 0, running < max_num_seqs and the manager finds room (prefix hits first);
+   the first one that does not fit stops admission (head-of-line, as vLLM). With
+   `reserve_full_isl` (vLLM 0.33's scheduler_reserve_full_isl, on by default) the room asked
+   for at admission is the request's whole token sequence, not just its first chunk.
+`commit` then applies the step: computed tokens advance; a request that reached its
+num_tokens samples one output token (first token, inter-token gap, finish).
+
+Step 2 is evaluated with numpy over the whole running batch: budget cut-off by cumulative
+sum, and only requests that outgrow their KV slots touch the manager, in order. On the first
+allocation failure it falls back to the plain sequential loop from that request on; both paths
+make identical decisions (tests/test_scheduler.py checks this).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.engine.costmodel import StepShape
+from simulator.workload.request import Request, Status
+
+
+class RunningBatch:
+    """The running requests in order, with their hot counters as numpy columns.
+
+    While a request runs, these columns are the truth for its counters; they are written
+    back to the Request object when it leaves (preemption or finish).
+    """
+
+    COLUMNS = ("computed", "tokens", "num_out", "target_out", "capacity", "n")
+
+    def __init__(self, max_num_seqs: int) -> None:
+        self.reqs: list[Request] = []
+        for name in self.COLUMNS:
+            setattr(self, name, np.zeros(max_num_seqs, np.int64))
+        self.last_token = np.zeros(max_num_seqs, np.float64)
+
+    @property
+    def m(self) -> int:
+        return len(self.reqs)
+
+    def append(self, req: Request, num_computed: int, capacity: int) -> int:
+        i = len(self.reqs)
+        self.reqs.append(req)
+        self.computed[i] = num_computed
+        self.tokens[i] = req.num_tokens
+        self.num_out[i] = req.num_output_tokens
+        self.target_out[i] = req.output_tokens
+        self.capacity[i] = capacity
+        self.n[i] = 0
+        self.last_token[i] = req.last_token_s
+        return i
+
+    def write_back(self, i: int) -> Request:
+        req = self.reqs[i]
+        req.num_computed_tokens = int(self.computed[i])
+        req.num_output_tokens = int(self.num_out[i])
+        req.last_token_s = float(self.last_token[i])
+        return req
+
+    def remove(self, i: int) -> None:
+        m = len(self.reqs)
+        for name in self.COLUMNS:
+            col = getattr(self, name)
+            col[i:m - 1] = col[i + 1:m]
+        self.last_token[i:m - 1] = self.last_token[i + 1:m]
+        self.reqs.pop(i)
+
+    def compress(self, keep: np.ndarray) -> None:
+        m = len(self.reqs)
+        k = int(keep.sum())
+        for name in self.COLUMNS:
+            col = getattr(self, name)
+            col[:k] = col[:m][keep]
+        self.last_token[:k] = self.last_token[:m][keep]
+        self.reqs = [r for r, kept in zip(self.reqs, keep.tolist()) if kept]
+
+
+@dataclass(slots=True)
+class Batch:
+    """What one step runs, summarised for the cost model and the metrics."""
+
+    shape: StepShape
+    num_seqs: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_preempted: int
+    num_admitted: int
+    swap_s: float = 0.0  # GPU<->CPU swap time charged to this step
+
+
+class Scheduler:
+    def __init__(self, kv, queue, batching, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 recorder=None, chunked_prefill: bool = True, swap=None,
+                 reserve_full_isl: bool = True) -> None:
+        self.kv = kv
+        self.queue = queue
+        self.batching = batching
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        # False: vLLM v0's prefill-first steps (whole prompts, no decodes alongside)
+        self.chunked_prefill = chunked_prefill
+        self.swap = swap  # a SwapSpace: preempt by swapping to CPU while it has room
+        self.step_swap_s = 0.0  # swap time charged to the step being scheduled
+        self.running = RunningBatch(max_num_seqs)
+        self.recorder = recorder
+        self.num_preemptions = 0
+        self.num_swapped = 0
+        queue.configure(max_num_seqs, kv.total_slots)
+        self.last_preempted: list[Request] = []  # victims of the latest step, in order
+        self.last_admitted: list[tuple[int, int]] = []  # (req_id, prefix-hit tokens), latest step
+        # vLLM 0.33 scheduler_reserve_full_isl: admit only if the whole sequence fits
+        self.reserve_full_isl = reserve_full_isl
+        self.vectorized = True  # False: the sequential reference loop only (tests)
+
+    # --- queue side ----------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        req.status = Status.WAITING
+        self.queue.push(req)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running.m or len(self.queue))
+
+    def admit(self, req: Request, num_computed: int, capacity: int, now: float) -> int:
+        slot = self.running.append(req, num_computed, capacity)
+        self.queue.on_run(req)
+        req.status = Status.RUNNING
+        if req.first_scheduled_s < 0:
+            req.first_scheduled_s = now
+        if req.num_cached_tokens < 0:
+            req.num_cached_tokens = num_computed
+        self.last_admitted.append((req.req_id, num_computed))
+        return slot
+
+    def _preempt(self, i: int, now: float) -> Request:
+        """Swap the victim's KV to CPU when a swap space has room (it keeps its computed
+        tokens), else recompute (vLLM v1: KV freed, computed tokens reset). Either way it goes
+        back in line through the queue policy."""
+        req = self.running.write_back(i)
+        swap = self.swap
+        swapped = (swap is not None and req.num_computed_tokens
+                   and swap.can_hold(req.num_computed_tokens))
+        if swapped:
+            self.step_swap_s += swap.swap_out(req, req.num_computed_tokens)
+            self.num_swapped += 1
+        # freed while its computed tokens still count: the full blocks it computed are hashed
+        # (vLLM hashed them when they were allocated), so it can hit them when re-admitted
+        self.kv.free(req, now)
+        if not swapped:
+            req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.status = Status.PREEMPTED
+        self.queue.on_stop(req)
+        self.running.remove(i)
+        self.queue.prepend(req)
+        self.num_preemptions += 1
+        return req
+
+    # --- one step ------------------------------------------------------------------------
+    def schedule(self, now: float) -> Batch:
+        self.kv.now = now
+        self.step_swap_s = 0.0
+        self.last_admitted = []
+        if not self.chunked_prefill:
+            return self._schedule_prefill_first(now)
+        formed = self.batching.form_batch(self, now)
+        if self.vectorized:
+            budget, preempted = self._schedule_running_vectorized(now)
+        else:
+            self.running.n[:self.running.m] = 0
+            budget, preempted = self._schedule_running_sequential(0, self.max_num_batched_tokens, now)
+        self.last_preempted = preempted
+        admitted = formed
+        if not preempted and self.batching.admits_waiting:
+            admitted += self._admit_waiting(budget, now)
+        return self._summarise(len(preempted), admitted)
+
+    def _schedule_running_vectorized(self, now: float) -> tuple[int, list[Request]]:
+        """Step 2 over numpy columns, segment by segment: budget cut-off by cumulative sum, the
+        manager called (in order, in bulk) only for requests that need it; the first request it
+        cannot serve goes through `_schedule_one` (preemption), then the next segment starts."""
+        rb = self.running
+        budget = self.max_num_batched_tokens
+        if self.chunked_prefill:
+            rb.n[:rb.m] = 0
+        preempted: list[Request] = []
+        i = 0
+        kv = self.kv
+        while i < rb.m and budget > 0:
+            m = rb.m
+            want = rb.tokens[i:m] - rb.computed[i:m]
+            cum = np.cumsum(want)
+            cum_before = cum - want
+            count = int(np.searchsorted(cum_before, budget, side="left"))  # those with budget left
+            n = rb.n[i:i + count]
+            n[:] = want[:count]
+            if cum[count - 1] > budget:
+                n[-1] = budget - cum_before[count - 1]
+            computed = rb.computed[i:i + count]
+            reach = computed + n
+            call = reach > rb.capacity[i:i + count]
+            if kv.caches_full_blocks:
+                # A step that fills a block without needing a new one must still reach the
+                # manager, which hashes full blocks at once, as vLLM's allocate_slots does on
+                # every step: others may hit them this very step. That holds for blocks filled
+                # by decoding too (a session's next turn can arrive while this turn still runs
+                # and resend its answer so far).
+                bs = kv.block_size
+                call |= reach // bs > computed // bs
+            needers = np.flatnonzero(call)
+            if len(needers):
+                idx = (needers + i).tolist()
+                caps = kv.allocate_slots_many([rb.reqs[j] for j in idx], n[needers].tolist(),
+                                              computed[needers].tolist(), rb.tokens[idx].tolist())
+                rb.capacity[idx[:len(caps)]] = caps
+                if len(caps) < len(idx):  # the manager ran out at request j
+                    j = idx[len(caps)]
+                    rb.n[j:m] = 0
+                    budget -= int(cum_before[j - i])
+                    budget, i, stop = self._schedule_one(j, budget, now, preempted)
+                    if stop:
+                        break
+                    continue
+            budget -= int(n.sum())
+            break
+        return budget, preempted
+
+    def _schedule_running_sequential(self, i: int, budget: int, now: float) -> tuple[int, list[Request]]:
+        """The reference loop (vLLM v1), from running index i with `budget` tokens left."""
+        preempted: list[Request] = []
+        while i < self.running.m and budget > 0:
+            budget, i, stop = self._schedule_one(i, budget, now, preempted)
+            if stop:
+                break
+        return budget, preempted
+
+    def _schedule_one(self, i: int, budget: int, now: float,
+                      preempted: list[Request]) -> tuple[int, int, bool]:
+        """Schedule running request i (vLLM v1's loop body): on allocation failure preempt the
+        policy's victim and retry. Returns (budget left, next index, stop running requests)."""
+        rb = self.running
+        kv = self.kv
+        req = rb.reqs[i]
+        computed = int(rb.computed[i])
+        num_new = min(int(rb.tokens[i]) - computed, budget)
+        cap: int | None = int(rb.capacity[i])
+        bs = kv.block_size
+        if computed + num_new > cap or (  # see _schedule_running_vectorized for the 2nd clause
+                kv.caches_full_blocks and (computed + num_new) // bs > computed // bs):
+            while True:
+                cap = kv.allocate_slots(req, num_new, computed, num_tokens=int(rb.tokens[i]))
+                if cap is not None:
+                    break
+                v = self.queue.pick_victim(rb.reqs)
+                budget += int(rb.n[v])  # a victim already scheduled gives its tokens back
+                victim = self._preempt(v, now)
+                preempted.append(victim)
+                if victim is req:
+                    # vLLM 0.33: under priority the requests after it rank higher and may
+                    # still fit (it just freed its blocks); under fcfs nothing follows it
+                    return budget, i, not self.queue.continue_after_self_preemption
+                if v < i:
+                    i -= 1
+        rb.capacity[i] = cap
+        rb.n[i] = num_new
+        return budget - num_new, i + 1, False
+
+    def _admit_waiting(self, budget: int, now: float, whole: bool = False) -> int:
+        """Step 3. `whole`: prompts are not split (prefill-first); one that exceeds the budget
+        left waits for the next step."""
+        admitted = 0
+        swap = self.swap
+        while len(self.queue) and budget > 0 and self.running.m < self.max_num_seqs:
+            req = self.queue.peek()
+            if req is None:  # the policy admits nobody now (a tier at its share cap)
+                break
+            swapped = swap is not None and swap.holds(req)
+            computed = req.num_computed_tokens if swapped else self.kv.get_computed_tokens(req)
+            num_new = req.num_tokens - computed
+            if whole and num_new > budget:
+                break
+            num_new = min(num_new, budget)
+            cap = self.kv.allocate_slots(req, num_new, computed,
+                                         full_sequence_must_fit=self.reserve_full_isl)
+            if cap is None:
+                break
+            self.queue.pop()
+            if swapped:
+                self.step_swap_s += swap.swap_in(req)
+            slot = self.admit(req, computed, cap, now)
+            self.running.n[slot] = num_new
+            budget -= num_new
+            admitted += 1
+        return admitted
+
+    def _schedule_prefill_first(self, now: float) -> Batch:
+        """vLLM v0 without chunked prefill: a step runs whole prompts of waiting requests if
+        any can be admitted (running decodes pause), else one decode for each running one."""
+        self.running.n[:self.running.m] = 0
+        admitted = self._admit_waiting(self.max_num_batched_tokens, now, whole=True)
+        preempted: list[Request] = []
+        if not admitted:
+            if self.vectorized:
+                _, preempted = self._schedule_running_vectorized(now)
+            else:
+                _, preempted = self._schedule_running_sequential(0, self.max_num_batched_tokens, now)
+        self.last_preempted = preempted
+        return self._summarise(len(preempted), admitted)
+
+    def _summarise(self, num_preempted: int, num_admitted: int) -> Batch:
+        rb = self.running
+        m = rb.m
+        n = rb.n[:m]
+        c = rb.computed[:m]
+        reach = c + n
+        scheduled = n > 0
+        sampled = scheduled & (reach >= rb.tokens[:m])
+        decodes = int(np.count_nonzero(sampled & (n == 1) & (rb.num_out[:m] > 0)))
+        t = int(n.sum())
+        shape = StepShape(
+            num_tokens=t,
+            num_sampled=int(np.count_nonzero(sampled)),
+            attn_pairs=float(n @ c) + float(n @ (n + 1)) / 2.0,
+            kv_tokens=int(reach @ scheduled),
+        )
+        return Batch(shape, int(np.count_nonzero(scheduled)), t - decodes, decodes,
+                     num_preempted, num_admitted, self.step_swap_s)
+
+    def commit(self, now: float) -> list[Request]:
+        """Apply the step that just ran: advance tokens, sample, finish. Returns finished."""
+        rb = self.running
+        m = rb.m
+        n = rb.n[:m]
+        rb.computed[:m] += n
+        sampled = (n > 0) & (rb.computed[:m] >= rb.tokens[:m])
+        rb.tokens[:m] += sampled
+        rb.num_out[:m] += sampled
+        out = rb.num_out[:m]
+        last = rb.last_token[:m]
+        rec = self.recorder
+        if rec is not None:
+            gaps = sampled & (out > 1)
+            if gaps.any():
+                rec.add_token_gaps(now - last[gaps])
+        for i in np.flatnonzero(sampled & (out == 1)).tolist():
+            rb.reqs[i].first_token_s = now
+        last[sampled] = now
+        done = sampled & (out >= rb.target_out[:m])
+        finished: list[Request] = []
+        if done.any():
+            for i in np.flatnonzero(done).tolist():
+                req = rb.write_back(i)
+                req.finish_s = now
+                req.status = Status.FINISHED
+                self.queue.on_stop(req)
+                self.kv.free(req, now)
+                finished.append(req)
+            rb.compress(~done)
+        rb.n[:rb.m] = 0
+        return finished
+
+    def scheduled(self) -> dict[int, int]:
+        """{req_id: tokens} of the step just scheduled, in running order (tests, traces)."""
+        rb = self.running
+        return {r.req_id: int(n) for r, n in zip(rb.reqs, rb.n[: rb.m].tolist()) if n}
+
+    @property
+    def tokens_stored(self) -> int:
+        """KV slots holding token states: the allocated slots less each running request's unused
+        tail (capacity - computed). Shared prefix blocks are full and counted once, unlike a sum
+        of computed tokens."""
+        rb = self.running
+        m = rb.m
+        return self.kv.used_slots - int((rb.capacity[:m] - rb.computed[:m]).sum())

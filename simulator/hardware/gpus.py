@@ -1,0 +1,116 @@
+"""GPU catalogue: one YAML per GPU in gpu_profiles/, each number with its source.
+
+`GpuSpec` holds the datasheet figures the cost model and memory math use; the optional
+`calibration` mapping holds cost-model parameters fitted by `kvsim calibrate` (issue 3).
+A profile may also be given as a path to a YAML file of the same schema.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from simulator.config.paths import data_dir
+from simulator.errors import ConfigError, did_you_mean
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    name: str
+    memory_gib: float
+    hbm_bandwidth_gbps: float  # GB/s, 1e9 bytes
+    peak_tflops: dict[str, float]  # dense, by dtype: bf16, fp16, fp8
+    host_link_gbps: float  # usable one-way GPU<->CPU bandwidth, GB/s
+    host_link_latency_us: float
+    gpu_link_gbps: float | None  # GPU<->GPU (NVLink...), None when absent
+    price_per_hour: float
+    calibration: dict[str, Any] = field(default_factory=dict)
+    source_file: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("memory_gib", "hbm_bandwidth_gbps", "host_link_gbps"):
+            v = getattr(self, f)
+            if not (isinstance(v, (int, float)) and v > 0):
+                raise ConfigError(
+                    f"GPU profile {self.name!r} ({self.source_file}): {f} must be > 0, got {v!r}")
+        if not self.peak_tflops or any(v <= 0 for v in self.peak_tflops.values()):
+            raise ConfigError(
+                f"GPU profile {self.name!r}: peak_tflops must map dtypes to positive numbers")
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * GIB)
+
+    def peak_flops(self, dtype_bytes: int) -> float:
+        """Dense peak FLOP/s for the weights' dtype (1 byte -> fp8 when the GPU has it)."""
+        if dtype_bytes == 1 and "fp8" in self.peak_tflops:
+            return self.peak_tflops["fp8"] * 1e12
+        return self.peak_tflops.get("bf16", max(self.peak_tflops.values())) * 1e12
+
+
+def _profiles_dir():
+    return data_dir("gpu_profiles")
+
+
+@cache
+def _index() -> dict[str, str]:
+    """name or alias -> yaml file name."""
+    out: dict[str, str] = {}
+    for entry in _profiles_dir().iterdir():
+        if entry.name.endswith(".yaml"):
+            data = yaml.safe_load(entry.read_text())
+            out[data["name"]] = entry.name
+            for alias in data.get("aliases") or []:
+                out[alias] = entry.name
+    return out
+
+
+def gpu_names() -> list[str]:
+    return sorted(_index())
+
+
+def _from_dict(data: dict[str, Any], source: str) -> GpuSpec:
+    try:
+        host = data.get("host_link") or {}
+        link = data.get("gpu_link") or {}
+        return GpuSpec(
+            name=data["name"],
+            memory_gib=data["memory_gib"],
+            hbm_bandwidth_gbps=data["hbm_bandwidth_gbps"],
+            peak_tflops=dict(data["peak_tflops"]),
+            host_link_gbps=host.get("bandwidth_gbps", 25.0),
+            host_link_latency_us=host.get("latency_us", 10.0),
+            gpu_link_gbps=link.get("bandwidth_gbps"),
+            price_per_hour=data.get("price_per_hour", 0.0),
+            calibration=data.get("calibration") or {},
+            source_file=source,
+        )
+    except KeyError as e:
+        raise ConfigError(f"GPU profile {source}: missing field {e.args[0]!r}") from None
+
+
+def get_gpu(name: str) -> GpuSpec:
+    """A GPU by catalogue name/alias (case-insensitive) or by path to a profile YAML."""
+    key = name.lower()
+    index = _index()
+    if key in index:
+        return _load_packaged(index[key])
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise ConfigError(f"GPU profile {path}: file not found")
+        return _from_dict(yaml.safe_load(path.read_text()) or {}, str(path))
+    raise ConfigError(f"unknown GPU {name!r}{did_you_mean(key, list(index))}; valid: "
+                      f"{', '.join(gpu_names())}, or a path to a profile YAML")
+
+
+@cache
+def _load_packaged(file_name: str) -> GpuSpec:
+    entry = _profiles_dir() / file_name
+    return _from_dict(yaml.safe_load(entry.read_text()), f"gpu_profiles/{file_name}")

@@ -1,0 +1,233 @@
+"""Alert rules over a run's signals, evaluated exactly in simulated time.
+
+A rule watches one signal, a step function of time (timeseries.py), and its condition is
+`signal > threshold`. Like a Prometheus rule with `for:`, a rule fires once the condition has
+held for `for_s` seconds without a break: a firing runs from (condition start + for_s) to the
+moment the condition stops holding (or the end of the run), and reports the peak signal value
+seen while firing. Conditions that hold for exactly for_s or less never fire.
+
+Signals:
+- kv_usage          vllm:kv_cache_usage_perc (fraction of the pool in use, 0..1)
+- pending           vllm:num_requests_waiting
+- running           vllm:num_requests_running
+- preemption_rate   preemptions / (preemptions + finished requests) in the trailing window_s
+                    seconds: of the requests leaving the running batch, the share that were
+                    preempted rather than finished (0 when neither happened). In PromQL:
+                    increase(vllm:num_preemptions_total[W]) / (increase(vllm:num_preemptions_total[W])
+                    + increase(vllm:request_success_total[W])).
+
+The seed's defaults are DEFAULT_RULES; YAML `alerts:` overrides fields of a rule by name,
+disables one with `enabled: false`, or adds a rule with its own `signal`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from simulator.errors import ConfigError, did_you_mean
+from simulator.metrics.timeseries import StepFunction, gauge, run_window, step_ends
+
+SIGNALS = ("kv_usage", "pending", "running", "preemption_rate")
+
+# The seed's thresholds. The 5 s "sustained" window for the queue and the 10 s rate window are
+# assumptions sized for runs of a minute or more (Prometheus rules typically use minutes).
+DEFAULT_RULES: dict[str, dict[str, Any]] = {
+    "kv_usage_high": {"signal": "kv_usage", "threshold": 0.85, "for_s": 0.0},
+    "pending_high": {"signal": "pending", "threshold": 10, "for_s": 5.0},
+    "preemption_rate_high": {"signal": "preemption_rate", "threshold": 0.05, "for_s": 0.0,
+                             "window_s": 10.0},
+}
+RULE_KEYS = ("signal", "threshold", "for_s", "window_s", "enabled")
+
+
+@dataclass(frozen=True, slots=True)
+class AlertRule:
+    name: str
+    signal: str
+    threshold: float
+    for_s: float = 0.0
+    window_s: float = 10.0  # preemption_rate only
+
+    def describe(self) -> str:
+        s = f"{self.signal} > {self.threshold:g}"
+        if self.signal == "preemption_rate":
+            s += f" over {self.window_s:g} s"
+        if self.for_s:
+            s += f" for {self.for_s:g} s"
+        return s
+
+
+@dataclass(frozen=True, slots=True)
+class Firing:
+    rule: str
+    signal: str
+    threshold: float
+    start_s: float
+    end_s: float
+    peak: float
+    peak_s: float  # first time the peak was reached
+    resolved: bool  # False: still firing when the run ended
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["duration_s"] = self.duration_s
+        return d
+
+
+def _number(where: str, value: Any, *, low: float, strict: bool = False) -> float:
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+          and (value > low if strict else value >= low))
+    if not ok:
+        raise ConfigError(f"{where} must be a number {'>' if strict else '>='} {low:g}, got {value!r}")
+    return float(value)
+
+
+def resolve_rules(spec: dict[str, Any] | None) -> list[AlertRule]:
+    """Defaults overlaid with the YAML `alerts:` mapping, validated. Order: defaults first, then
+    added rules, each group in the order written."""
+    if spec is None:
+        spec = {}
+    if not isinstance(spec, dict):
+        raise ConfigError(f"alerts: expected a mapping of rule name -> fields, got {spec!r}")
+    merged: dict[str, dict[str, Any]] = {k: dict(v) for k, v in DEFAULT_RULES.items()}
+    for name, fields in spec.items():
+        where = f"alerts.{name}"
+        if fields is None:
+            fields = {}
+        if not isinstance(fields, dict):
+            raise ConfigError(f"{where}: expected a mapping of {', '.join(RULE_KEYS)}, got {fields!r}")
+        for key in fields:
+            if key not in RULE_KEYS:
+                raise ConfigError(f"{where}: unknown key {key!r}{did_you_mean(key, RULE_KEYS)}; "
+                                  f"valid: {', '.join(RULE_KEYS)}")
+        if name not in merged and "signal" not in fields:
+            raise ConfigError(f"{where}: a new rule needs a signal (one of {', '.join(SIGNALS)}); "
+                              f"built-in rules are {', '.join(DEFAULT_RULES)}"
+                              f"{did_you_mean(name, list(DEFAULT_RULES))}")
+        merged.setdefault(name, {"for_s": 0.0}).update(fields)
+    rules = []
+    for name, f in merged.items():
+        where = f"alerts.{name}"
+        enabled = f.get("enabled", True)
+        if not isinstance(enabled, bool):
+            raise ConfigError(f"{where}.enabled must be true or false, got {enabled!r}")
+        if not enabled:
+            continue
+        if f.get("signal") not in SIGNALS:
+            raise ConfigError(f"{where}.signal must be one of {', '.join(SIGNALS)}, got "
+                              f"{f.get('signal')!r}{did_you_mean(f.get('signal'), SIGNALS)}")
+        if "threshold" not in f:
+            raise ConfigError(f"{where}: missing threshold")
+        rules.append(AlertRule(
+            name=name, signal=f["signal"],
+            threshold=_number(f"{where}.threshold", f["threshold"], low=0.0),
+            for_s=_number(f"{where}.for_s", f.get("for_s", 0.0), low=0.0),
+            window_s=_number(f"{where}.window_s", f.get("window_s", 10.0), low=0.0, strict=True)))
+    return rules
+
+
+def preemption_rate(requests: pd.DataFrame, iterations: pd.DataFrame, window_s: float) -> StepFunction:
+    """preemptions / (preemptions + finishes) in (t - window_s, t], exact: the ratio only changes
+    when an event enters the window (its time) or leaves it (its time + window_s)."""
+    ends = step_ends(iterations)
+    p_inc = iterations.num_preempted.to_numpy(np.float64) if len(iterations) else np.zeros(0)
+    keep = p_inc > 0
+    p_t, p_inc = ends[keep], p_inc[keep]
+    f_t = np.sort(requests.finish_s[requests.status == "finished"].to_numpy(np.float64))
+    p_cum = np.concatenate([[0.0], np.cumsum(p_inc)])
+    change = np.unique(np.concatenate([p_t, p_t + window_s, f_t, f_t + window_s]))
+
+    def count_p(t: np.ndarray) -> np.ndarray:
+        return p_cum[np.searchsorted(p_t, t, side="right")]
+
+    def count_f(t: np.ndarray) -> np.ndarray:
+        return np.searchsorted(f_t, t, side="right").astype(np.float64)
+
+    p = count_p(change) - count_p(change - window_s)
+    f = count_f(change) - count_f(change - window_s)
+    total = p + f
+    rate = np.divide(p, total, out=np.zeros_like(p), where=total > 0)
+    return StepFunction(change, rate)
+
+
+def signal(name: str, requests: pd.DataFrame, iterations: pd.DataFrame,
+           window_s: float = 10.0) -> StepFunction:
+    if name == "kv_usage":
+        return gauge(iterations, "kv_usage")
+    if name == "pending":
+        return gauge(iterations, "num_waiting")
+    if name == "running":
+        return gauge(iterations, "num_running")
+    if name == "preemption_rate":
+        return preemption_rate(requests, iterations, window_s)
+    raise ConfigError(f"unknown alert signal {name!r}; valid: {', '.join(SIGNALS)}")
+
+
+def firings(rule: AlertRule, fn: StepFunction, t0: float, t1: float) -> list[Firing]:
+    """1. Cut [t0, t1] into the signal's constant pieces; 2. join consecutive pieces above the
+    threshold into episodes [a, b); 3. an episode longer than for_s fires over [a + for_s, b),
+    with the peak over that span."""
+    starts, lengths, values = fn.segments(t0, t1)
+    keep = lengths > 0
+    starts, lengths, values = starts[keep], lengths[keep], values[keep]
+    above = np.concatenate([[False], values > rule.threshold, [False]])
+    first_above = np.flatnonzero(~above[:-1] & above[1:])  # episode i..j: pieces above in a row
+    last_above = np.flatnonzero(above[:-1] & ~above[1:]) - 1
+    n = len(values)
+    end_at_t1 = float(fn.at(np.array([t1]))[0]) > rule.threshold  # value recorded at t1
+    out: list[Firing] = []
+    for i, j in zip(first_above.tolist(), last_above.tolist()):
+        a, b = float(starts[i]), float(starts[j] + lengths[j])
+        if b - a <= rule.for_s:
+            continue
+        start = a + rule.for_s
+        ends = starts[i:j + 1] + lengths[i:j + 1]
+        first = i + int(np.searchsorted(ends, start, side="right"))  # piece holding `start`
+        seg = values[first:j + 1]
+        k = int(np.argmax(seg))
+        # still firing at the end only if the value recorded at t1 is above the threshold
+        resolved = j + 1 < n or not end_at_t1
+        out.append(Firing(rule.name, rule.signal, rule.threshold, start, b, float(seg[k]),
+                          max(start, float(starts[first + k])), resolved))
+    return out
+
+
+def evaluate(rules: list[AlertRule], requests: pd.DataFrame,
+             iterations: pd.DataFrame) -> list[Firing]:
+    """Every firing of every rule over the run window, ordered by rule then start time."""
+    t0, t1 = run_window(requests, iterations)
+    out: list[Firing] = []
+    for rule in rules:
+        out += firings(rule, signal(rule.signal, requests, iterations, rule.window_s), t0, t1)
+    return out
+
+
+def summarize_alerts(rules: list[AlertRule], fired: list[Firing]) -> dict[str, Any]:
+    """summary.json's `alerts` section: which rules fired, how often, for how long, how high."""
+    per_rule: dict[str, Any] = {}
+    for rule in rules:
+        mine = [f for f in fired if f.rule == rule.name]
+        per_rule[rule.name] = {
+            "condition": rule.describe(),
+            "fired": bool(mine),
+            "num_firings": len(mine),
+            "firing_s": float(sum(f.duration_s for f in mine)),
+            "first_start_s": mine[0].start_s if mine else None,
+            "peak": max(f.peak for f in mine) if mine else None,
+        }
+    return {"fired": [r.name for r in rules if per_rule[r.name]["fired"]], "rules": per_rule}
+
+
+def alerts_document(rules: list[AlertRule], fired: list[Firing]) -> dict[str, Any]:
+    """alerts.json: the resolved rules and every firing."""
+    return {"rules": [asdict(r) | {"condition": r.describe()} for r in rules],
+            "firings": [f.to_dict() for f in fired]}

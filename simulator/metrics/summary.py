@@ -1,0 +1,491 @@
+"""MetricsRecorder (per-request rows, per-iteration rows, token gaps) and the run summary.
+
+summary.json, schema_version 2; docs/metrics.md defines every field. In short:
+- latency: ttft = first token - arrival; tpot = (finish - first token) / (outputs - 1) for
+  requests with > 1 output; itl = every gap between consecutive output tokens (one sample per
+  gap); e2e = finish - arrival; queue = first scheduled - arrival. mean, p50/p90/p99 (numpy's
+  linear interpolation; inverted CDF for the weighted token gaps), max, over finished requests.
+- window: [first arrival, max(last step end, last arrival)]; makespan_s is its length and
+  every rate (throughput, preemptions/s, goodput) is per second of it.
+- gauges (KV usage, pending queue, fragmentation) are step functions updated at the end of
+  each engine step (timeseries.py); their means and p95 are time-weighted over the window.
+- batch sizes are per engine step (each step counts once), in sequences and in tokens.
+Invariants: the recorder only appends; everything else is derived from its tables, so a run
+directory's parquet files reproduce every gauge, alert and plot.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from simulator.errors import ConfigError, did_you_mean
+from simulator.metrics.alerts import evaluate, resolve_rules, summarize_alerts
+from simulator.metrics.timeseries import StepFunction, gauge, integral, run_window, step_ends, time_weighted
+from simulator.workload.request import Request
+
+SCHEMA_VERSION = 3
+PCTS = (50, 90, 99)
+
+ITER_COLUMNS = ("start_s", "duration_s", "num_seqs", "num_tokens", "prefill_tokens",
+                "decode_tokens", "num_preempted", "num_admitted", "num_running", "num_waiting",
+                "kv_used_slots", "kv_usage", "kv_tokens_stored")
+# Columns the replica may add per step as keyword arguments of `iteration` (all steps or none):
+# prefix-cache token counters of the step (vLLM's prefix_cache_queries / _hits), output tokens
+# sampled in the step, and free slots no request could use (an allocator's external
+# fragmentation). The summary uses them when present and reports null otherwise.
+OPTIONAL_ITER_COLUMNS = ("prefix_cache_queries", "prefix_cache_hits", "num_sampled",
+                         "kv_external_frag_slots", "swap_s", "kv_evictions")
+
+
+class MetricsRecorder:
+    def __init__(self, total_slots: int) -> None:
+        self.total_slots = total_slots
+        self._iters: dict[str, list] = {c: [] for c in ITER_COLUMNS}
+        self._append = [self._iters[c].append for c in ITER_COLUMNS]
+        self._extra: dict[str, list] = {}
+        self._gap_values: list[np.ndarray] = []
+        self._gap_counts: list[np.ndarray] = []
+        self._gap_buffer: list[np.ndarray] = []
+        self._gap_buffered = 0
+        self.requests: list[Request] = []  # finished and rejected, in the order they ended
+
+    def add_token_gaps(self, gaps: np.ndarray) -> None:
+        # Most gaps in a step are equal (one step duration): they are kept as (value, count),
+        # compressed in batches because np.unique per step costs more than the step's own numpy.
+        self._gap_buffer.append(gaps)
+        self._gap_buffered += len(gaps)
+        if self._gap_buffered >= 1 << 16:
+            self._compress_gaps()
+
+    def _compress_gaps(self) -> None:
+        if self._gap_buffer:
+            values, counts = np.unique(np.concatenate(self._gap_buffer), return_counts=True)
+            self._gap_values.append(values)
+            self._gap_counts.append(counts)
+            self._gap_buffer, self._gap_buffered = [], 0
+
+    def iteration(self, *row, **extra) -> None:
+        """One engine step: ITER_COLUMNS positionally, OPTIONAL_ITER_COLUMNS by keyword."""
+        for append, value in zip(self._append, row):
+            append(value)
+        if extra:
+            for name, value in extra.items():
+                col = self._extra.get(name)
+                if col is None:
+                    if name not in OPTIONAL_ITER_COLUMNS:
+                        raise ValueError(f"unknown iteration column {name!r}"
+                                         f"{did_you_mean(name, OPTIONAL_ITER_COLUMNS)}")
+                    col = self._extra[name] = []
+                col.append(value)
+
+    def request_ended(self, req: Request) -> None:
+        self.requests.append(req)
+
+    # --- tables ---------------------------------------------------------------------------
+    def iterations_frame(self) -> pd.DataFrame:
+        n = len(self._iters[ITER_COLUMNS[0]])
+        cols = {c: np.asarray(v) for c, v in self._iters.items()}
+        for name, values in self._extra.items():
+            if len(values) != n:
+                raise ValueError(f"iteration column {name} has {len(values)} values for {n} steps; "
+                                 f"pass it on every step or never")
+            cols[name] = np.asarray(values)
+        return pd.DataFrame(cols)
+
+    def requests_frame(self) -> pd.DataFrame:
+        reqs = sorted(self.requests, key=lambda r: r.req_id)
+        f = lambda attr, dt: np.fromiter((getattr(r, attr) for r in reqs), dtype=dt, count=len(reqs))  # noqa: E731
+        df = pd.DataFrame({
+            "req_id": f("req_id", np.int64),
+            "arrival_s": f("arrival_s", np.float64),
+            "prompt_tokens": f("prompt_tokens", np.int64),
+            "output_tokens": f("output_tokens", np.int64),
+            "priority": f("priority", np.int64),
+            "first_scheduled_s": f("first_scheduled_s", np.float64),
+            "first_token_s": f("first_token_s", np.float64),
+            "finish_s": f("finish_s", np.float64),
+            "num_preemptions": f("num_preemptions", np.int64),
+            "num_cached_tokens": f("num_cached_tokens", np.int64),
+            "status": [r.status.value for r in reqs],
+            "reject_reason": [r.reject_reason for r in reqs],
+        })
+        for col in ("first_scheduled_s", "first_token_s", "finish_s"):
+            df.loc[df[col] < 0, col] = np.nan
+        for attr in ("tenant", "tier"):  # only when the workload sets them
+            values = [str(getattr(r, attr, "") or "") for r in reqs]
+            if any(values):
+                df[attr] = values
+        return df
+
+    def token_gaps(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted gap values, how many gaps had each value)."""
+        self._compress_gaps()
+        if not self._gap_values:
+            return np.zeros(0), np.zeros(0, np.int64)
+        v = np.concatenate(self._gap_values)
+        c = np.concatenate(self._gap_counts)
+        order = np.argsort(v, kind="stable")
+        return v[order], c[order]
+
+
+# --- SLO -------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SloTargets:
+    """A request meets the SLO when it finished, its TTFT <= ttft_s and its TPOT <= tpot_s
+    (a request with one output token has no TPOT and passes that part). None: not checked."""
+
+    # Assumptions, not vLLM facts: 2 s TTFT is DESIGN.md's capacity question; 100 ms TPOT
+    # (10 tokens/s per stream) is a common interactive floor.
+    ttft_s: float | None = 2.0
+    tpot_s: float | None = 0.1
+
+
+SLO_KEYS = ("ttft_s", "tpot_s")
+
+
+def resolve_slo(spec: dict[str, Any] | None) -> SloTargets:
+    if spec is None:
+        spec = {}
+    if not isinstance(spec, dict):
+        raise ConfigError(f"slo: expected a mapping with {', '.join(SLO_KEYS)}, got {spec!r}")
+    for key, value in spec.items():
+        if key not in SLO_KEYS:
+            raise ConfigError(f"slo: unknown key {key!r}{did_you_mean(key, SLO_KEYS)}; "
+                              f"valid: {', '.join(SLO_KEYS)}")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+            raise ConfigError(f"slo.{key} must be a number of seconds > 0 (or null: not "
+                              f"checked), got {value!r}")
+    return SloTargets(**{k: (None if v is None else float(v)) for k, v in spec.items()})
+
+
+# --- statistics ------------------------------------------------------------------------------
+def _stats(x: np.ndarray) -> dict[str, float | None]:
+    x = x[np.isfinite(x)]
+    if len(x) == 0:
+        return {"mean": None, **{f"p{p}": None for p in PCTS}, "max": None}
+    out = {"mean": float(x.mean())}
+    out.update({f"p{p}": float(v) for p, v in zip(PCTS, np.percentile(x, PCTS))})
+    out["max"] = float(x.max())
+    return out
+
+
+def _weighted_stats(values: np.ndarray, counts: np.ndarray) -> dict[str, float | None]:
+    if len(values) == 0:
+        return {"mean": None, **{f"p{p}": None for p in PCTS}, "max": None}
+    cum = np.cumsum(counts)
+    total = cum[-1]
+    out = {"mean": float(values @ counts / total)}
+    for p in PCTS:
+        out[f"p{p}"] = float(values[np.searchsorted(cum, p / 100 * total, side="left")])
+    out["max"] = float(values[-1])
+    return out
+
+
+def histogram(x: np.ndarray) -> dict[str, list[int]]:
+    """Counts in power-of-two buckets: bucket k holds (upper_bounds[k-1], upper_bounds[k]]
+    (the first holds values <= 1), up to the first bound >= max."""
+    if len(x) == 0:
+        return {"upper_bounds": [], "counts": []}
+    top = max(1, int(math.ceil(float(x.max()))))
+    bounds = 1 << np.arange(int(math.ceil(math.log2(top))) + 1, dtype=np.int64)
+    counts = np.bincount(np.searchsorted(bounds, x, side="left"), minlength=len(bounds))
+    return {"upper_bounds": bounds.tolist(), "counts": counts.tolist()}
+
+
+def _batch_stats(x: np.ndarray) -> dict[str, Any]:
+    return {**_stats(x.astype(np.float64)), "histogram": histogram(x)}
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+# --- the summary -----------------------------------------------------------------------------
+def summarize(recorder: MetricsRecorder, num_arrived: int, *, slo: dict | None = None,
+              alerts: dict | None = None, kv_allocator: str = "paged") -> dict[str, Any]:
+    """The run summary (schema_version 2, docs/metrics.md). `slo` and `alerts` are the YAML
+    sections (None: the defaults); `kv_allocator` says whether external fragmentation is 0 by
+    construction (paged: any free block is usable) or must come from a recorded column."""
+    reqs = recorder.requests_frame()
+    iters = recorder.iterations_frame()
+    targets = resolve_slo(slo)
+    rules = resolve_rules(alerts)
+    done = reqs[reqs.status == "finished"]
+    rejected = reqs[reqs.status == "rejected"]
+    t0, t1 = run_window(reqs, iters)
+    makespan = t1 - t0
+    busy = float(iters.duration_s.sum()) if len(iters) else 0.0
+    multi = done[done.output_tokens > 1]
+    gv, gc = recorder.token_gaps()
+
+    def rate(x: float) -> float:
+        return x / makespan if makespan > 0 else 0.0
+
+    ttft = (done.first_token_s - done.arrival_s).to_numpy()
+    tpot_all = ((done.finish_s - done.first_token_s)
+                / np.maximum(done.output_tokens - 1, 1)).to_numpy()
+    met = np.ones(len(done), bool)
+    if targets.ttft_s is not None:
+        met &= ttft <= targets.ttft_s
+    if targets.tpot_s is not None:
+        met &= (done.output_tokens.to_numpy() <= 1) | (tpot_all <= targets.tpot_s)
+    num_met = int(met.sum())
+
+    total_preempt = int(reqs.num_preemptions.sum())
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "requests": {
+            "arrived": int(num_arrived),
+            "finished": int(len(done)),
+            "rejected": int(len(rejected)),
+            "rejected_by_reason": {k: int(v) for k, v in
+                                   sorted(rejected.reject_reason.value_counts().items())},
+            "preempted_at_least_once": int((done.num_preemptions > 0).sum()),
+        },
+        "window": {"start_s": t0, "end_s": t1},
+        "makespan_s": makespan,
+        "busy_s": busy,
+        "throughput": {
+            "requests_per_s": rate(len(done)),
+            "input_tokens_per_s": rate(float(done.prompt_tokens.sum())),
+            "output_tokens_per_s": rate(float(done.output_tokens.sum())),
+        },
+        "latency_s": {
+            "ttft": _stats(ttft),
+            "tpot": _stats(((multi.finish_s - multi.first_token_s) / (multi.output_tokens - 1)).to_numpy()),
+            "itl": _weighted_stats(gv, gc),
+            "e2e": _stats((done.finish_s - done.arrival_s).to_numpy()),
+            "queue": _stats((done.first_scheduled_s - done.arrival_s).to_numpy()),
+        },
+        "slo": {
+            "ttft_s": targets.ttft_s,
+            "tpot_s": targets.tpot_s,
+            "met": num_met,
+            "share": _ratio(num_met, num_arrived),
+            "goodput_requests_per_s": rate(num_met),
+        },
+        "kv_cache": _kv_section(recorder.total_slots, iters, t0, t1),
+        "prefix_cache": _prefix_section(iters, done),
+        "fragmentation": _fragmentation_section(recorder.total_slots, iters, t0, t1, kv_allocator),
+        "batch": {
+            "num_iterations": int(len(iters)),
+            "num_seqs": _batch_stats(iters.num_seqs.to_numpy() if len(iters) else np.zeros(0)),
+            "num_tokens": _batch_stats(iters.num_tokens.to_numpy() if len(iters) else np.zeros(0)),
+            "max_running": int(iters.num_running.max()) if len(iters) else 0,
+        },
+        "queue": _queue_section(iters, t0, t1),
+        "preemptions": {
+            "total": total_preempt,
+            "per_s": rate(float(total_preempt)),
+            "requests_share": _ratio(float((done.num_preemptions > 0).sum()), len(done)),
+            "rate": _ratio(total_preempt, total_preempt + len(done)),
+        },
+        "alerts": summarize_alerts(rules, evaluate(rules, reqs, iters)),
+        "groups": _groups_section(done),
+    }
+
+
+def _groups_section(done: pd.DataFrame) -> dict[str, Any] | None:
+    """Latency and preemptions per tier (else per priority, else per tenant) when the run has
+    more than one: the starvation view of a scheduling policy (queue wait max and p99)."""
+    for key in ("tier", "priority", "tenant"):
+        if key in done and done[key].nunique() > 1:
+            break
+    else:
+        return None
+    groups = {}
+    for value, g in done.groupby(key, sort=True):
+        multi = g[g.output_tokens > 1]
+        groups[str(value)] = {
+            "finished": int(len(g)),
+            "ttft_s": _stats((g.first_token_s - g.arrival_s).to_numpy()),
+            "tpot_s": _stats(((multi.finish_s - multi.first_token_s)
+                              / (multi.output_tokens - 1)).to_numpy()),
+            "e2e_s": _stats((g.finish_s - g.arrival_s).to_numpy()),
+            "queue_s": _stats((g.first_scheduled_s - g.arrival_s).to_numpy()),
+            "preemptions": int(g.num_preemptions.sum()),
+            "preempted_share": _ratio(float((g.num_preemptions > 0).sum()), len(g)),
+        }
+    return {"key": key, "groups": groups}
+
+
+def _kv_section(total_slots: int, iters: pd.DataFrame, t0: float, t1: float) -> dict[str, Any]:
+    usage = time_weighted(gauge(iters, "kv_usage"), t0, t1)
+    used = time_weighted(gauge(iters, "kv_used_slots"), t0, t1)
+    return {"total_slots": int(total_slots), "usage_mean": usage["mean"], "usage_p95": usage["p95"],
+            "usage_max": usage["max"], "used_slots_mean": used["mean"]}
+
+
+def _prefix_section(iters: pd.DataFrame, done: pd.DataFrame) -> dict[str, Any]:
+    """vLLM's counters (every lookup, retries of a request that did not fit included) and the
+    per-request view: tokens found when each finished request was first admitted."""
+    if "prefix_cache_queries" not in iters or "prefix_cache_hits" not in iters:
+        return {"queries": None, "hits": None, "hit_rate": None, "request_hit_rate": None,
+                "prefill_tokens_saved": None}
+    q = int(iters.prefix_cache_queries.sum())
+    h = int(iters.prefix_cache_hits.sum())
+    saved = int(done.num_cached_tokens.clip(lower=0).sum())
+    return {"queries": q, "hits": h, "hit_rate": _ratio(h, q),
+            "request_hit_rate": _ratio(saved, int(done.prompt_tokens.sum())),
+            "prefill_tokens_saved": saved}
+
+
+def _fragmentation_section(total_slots: int, iters: pd.DataFrame, t0: float, t1: float,
+                           kv_allocator: str) -> dict[str, Any]:
+    ends = step_ends(iters)
+    if len(iters):
+        internal = StepFunction(ends, (iters.kv_used_slots - iters.kv_tokens_stored).to_numpy(np.float64))
+    else:
+        internal = StepFunction(ends, np.zeros(0))
+    if "kv_external_frag_slots" in iters:
+        external: StepFunction | None = gauge(iters, "kv_external_frag_slots")
+    elif kv_allocator == "paged":
+        external = StepFunction(ends, np.zeros(len(ends)))  # every free block is usable
+    else:
+        external = None
+    used_int = integral(gauge(iters, "kv_used_slots"), t0, t1)
+    stored_int = integral(gauge(iters, "kv_tokens_stored"), t0, t1)
+    internal_int = integral(internal, t0, t1)
+    ext_int = integral(external, t0, t1) if external is not None else None
+    tw = time_weighted(internal, t0, t1)
+    return {
+        "internal_slots_mean": tw["mean"],
+        "internal_slots_max": tw["max"],
+        "internal_share_of_allocated": _ratio(internal_int, used_int),
+        "external_slots_mean": time_weighted(external, t0, t1)["mean"] if external is not None else None,
+        "token_state_share": (_ratio(stored_int, used_int + ext_int) if ext_int is not None
+                              else None),
+        "token_state_share_of_allocated": _ratio(stored_int, used_int),
+    }
+
+
+def _queue_section(iters: pd.DataFrame, t0: float, t1: float) -> dict[str, Any]:
+    pending = time_weighted(gauge(iters, "num_waiting"), t0, t1)
+    running = time_weighted(gauge(iters, "num_running"), t0, t1)
+    return {"pending_mean": pending["mean"], "pending_p95": pending["p95"],
+            "pending_max": pending["max"], "running_mean": running["mean"]}
+
+
+def clean_floats(obj: Any) -> Any:
+    """NaN/inf -> None so that summary.json is strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: clean_floats(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [clean_floats(v) for v in obj]
+    return obj
+
+
+# --- several seeds ---------------------------------------------------------------------------
+# Student t 0.975 quantiles for 1..30 degrees of freedom (checked against the t CDF in
+# tests/test_metrics_seeds.py); beyond 30 the Cornish-Fisher expansion is within 2e-9.
+_T975 = (12.706204736, 4.302652730, 3.182446305, 2.776445105, 2.570581836, 2.446911851,
+         2.364624252, 2.306004135, 2.262157163, 2.228138852, 2.200985160, 2.178812830,
+         2.160368656, 2.144786688, 2.131449546, 2.119905299, 2.109815578, 2.100922040,
+         2.093024054, 2.085963447, 2.079613845, 2.073873068, 2.068657610, 2.063898562,
+         2.059538553, 2.055529439, 2.051830516, 2.048407142, 2.045229642, 2.042272456)
+
+
+def t975(df: int) -> float:
+    """The 0.975 quantile of Student's t with `df` degrees of freedom (two-sided 95 %)."""
+    if df < 1:
+        raise ValueError(f"t quantile needs df >= 1, got {df}")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959963984540054
+    g = ((z**3 + z) / 4, (5 * z**5 + 16 * z**3 + 3 * z) / 96,
+         (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
+         (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160)
+    return z + sum(gk / df ** (k + 1) for k, gk in enumerate(g))
+
+
+_NOT_AGGREGATED = ("schema_version", "config", "window", "requests.rejected_by_reason")
+
+
+def flatten(summary: dict[str, Any], prefix: str = "") -> dict[str, float | None]:
+    """Numeric leaves of a summary as {"latency_s.ttft.p99": value}; booleans as 0/1; lists
+    (histograms, fired rule names) and run identity (config, window) are left out."""
+    out: dict[str, float | None] = {}
+    for key, value in summary.items():
+        path = f"{prefix}{key}"
+        if path in _NOT_AGGREGATED or key == "histogram":
+            continue
+        if isinstance(value, dict):
+            out.update(flatten(value, path + "."))
+        elif isinstance(value, bool):
+            out[path] = float(value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[path] = float(value) if math.isfinite(value) else None
+        elif value is None:
+            out[path] = None
+    return out
+
+
+def aggregate_seeds(seeds: list[int], summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean and two 95 % Student t intervals over seeds of every summary metric, s being the
+    sample standard deviation over the n seeds whose value is not null:
+    - ci95: where the metric's expected value lies, mean +- t975(n - 1) * s / sqrt(n); it
+      shrinks like 1 / sqrt(n);
+    - pi95: where one more seed's value falls, mean +- t975(n - 1) * s * sqrt(1 + 1 / n); it
+      shrinks with n towards +- 1.96 sigma, the seed-to-seed spread itself.
+    With n < 2 both are null."""
+    flat = [flatten(s) for s in summaries]
+    paths = list(dict.fromkeys(p for f in flat for p in f))
+    metrics: dict[str, Any] = {}
+    for path in paths:
+        values = [f.get(path) for f in flat]
+        x = np.array([v for v in values if v is not None], dtype=np.float64)
+        n = len(x)
+        entry: dict[str, Any] = {"n": n, "values": values, "mean": float(x.mean()) if n else None,
+                                 "std": None, "ci95_low": None, "ci95_high": None,
+                                 "ci95_half_width": None, "pi95_low": None, "pi95_high": None}
+        if n >= 2:
+            mean, sd, t = float(x.mean()), float(x.std(ddof=1)), t975(n - 1)
+            half = t * sd / math.sqrt(n)
+            pred = t * sd * math.sqrt(1 + 1 / n)
+            entry.update(std=sd, ci95_low=mean - half, ci95_high=mean + half, ci95_half_width=half,
+                         pi95_low=mean - pred, pi95_high=mean + pred)
+        metrics[path] = entry
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "multi_seed",
+        "seeds": list(seeds),
+        "interval": "ci95: 95% Student t interval of the mean over seeds; pi95: 95% prediction "
+                    "interval for one more seed",
+        "alerts_fired_in": {name: sum(name in s.get("alerts", {}).get("fired", []) for s in summaries)
+                            for name in dict.fromkeys(n for s in summaries
+                                                      for n in s.get("alerts", {}).get("rules", {}))},
+        "metrics": metrics,
+    }
+
+
+# --- run-directory outputs -------------------------------------------------------------------
+MONITORING_FILES = ("timeseries.parquet", "openmetrics.txt", "alerts.json")
+
+
+def write_monitoring(out_dir, requests: pd.DataFrame, iterations: pd.DataFrame, *,
+                     alerts: dict | None = None, interval_s: float = 1.0,
+                     labels: dict[str, str] | None = None) -> None:
+    """Write MONITORING_FILES: the sampled gauges/counters (vLLM names), the same as
+    OpenMetrics text, and every alert firing with the resolved rules."""
+    import json
+    from pathlib import Path
+
+    from simulator.metrics.alerts import alerts_document
+    from simulator.metrics.timeseries import build_timeseries, to_openmetrics
+
+    out = Path(out_dir)
+    rules = resolve_rules(alerts)
+    build_timeseries(requests, iterations, interval_s).to_parquet(out / "timeseries.parquet", index=False)
+    (out / "openmetrics.txt").write_text(
+        to_openmetrics(requests, iterations, interval_s=interval_s, labels=labels))
+    doc = alerts_document(rules, evaluate(rules, requests, iterations))
+    doc["interval_s"] = interval_s
+    (out / "alerts.json").write_text(json.dumps(clean_floats(doc), indent=2, sort_keys=True) + "\n")

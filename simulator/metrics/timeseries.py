@@ -1,0 +1,312 @@
+"""Gauges and counters over simulated time, under vLLM's Prometheus names, and their
+OpenMetrics text export.
+
+Semantics (docs/metrics.md has the full definitions):
+- A gauge is a right-continuous step function that changes only at the end of an engine step
+  (vLLM records its scheduler stats after each step) and holds that value until the next step
+  ends. It is 0 before the first step ends; idle gaps keep the last value.
+- A counter counts events, each dated when it happens: per-step events (preemptions, tokens of
+  a step) at the end of that step, per-request events at the request's own time
+  (first token, finish), which is always a step end.
+- A sample at time t reads the last update at or before t, as an instantaneous scrape would.
+  The time series samples every series at t = 0, dt, 2 dt, ... up to the first grid point at or
+  after the run's end, so the last sample holds every counter's final value.
+Everything here is derived from iterations.parquet + requests.parquet alone, so that plots,
+reports and exports can be rebuilt from a run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simulator.errors import ConfigError
+
+# vLLM's histogram buckets (vllm/v1/metrics/loggers.py); kept verbatim so that dashboards built
+# for vLLM (histogram_quantile over these buckets) read simulated runs the same way.
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                  5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+REQUEST_LATENCY_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                             50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+@dataclass(frozen=True, slots=True)
+class StepFunction:
+    """value(t) = values[i] for times[i] <= t < times[i+1]; `initial` before times[0]."""
+
+    times: np.ndarray  # non-decreasing
+    values: np.ndarray
+    initial: float = 0.0
+
+    def at(self, t: np.ndarray) -> np.ndarray:
+        idx = np.searchsorted(self.times, t, side="right") - 1
+        out = np.where(idx >= 0, self.values[np.maximum(idx, 0)] if len(self.values) else 0.0,
+                       self.initial)
+        return out.astype(np.float64)
+
+    def segments(self, t0: float, t1: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(starts, lengths, values) of the constant pieces over [t0, t1]; lengths may be 0."""
+        edges = np.concatenate([[t0], np.clip(self.times, t0, t1), [t1]])
+        values = np.concatenate([[self.initial], self.values]).astype(np.float64)
+        return edges[:-1], np.diff(edges), values
+
+
+def step_ends(iterations: pd.DataFrame) -> np.ndarray:
+    """End time of every engine step: when its gauges update and its counters advance."""
+    if not len(iterations):
+        return np.zeros(0)
+    return (iterations.start_s + iterations.duration_s).to_numpy(np.float64)
+
+
+def run_window(requests: pd.DataFrame, iterations: pd.DataFrame) -> tuple[float, float]:
+    """[first arrival, max(last step end, last arrival)]: the span every rate and time-weighted
+    mean is taken over (the last step end is also the last finish)."""
+    if not len(requests):
+        ends = step_ends(iterations)
+        return (0.0, float(ends[-1])) if len(ends) else (0.0, 0.0)
+    t0 = float(requests.arrival_s.min())
+    t1 = float(requests.arrival_s.max())
+    ends = step_ends(iterations)
+    if len(ends):
+        t1 = max(t1, float(ends[-1]))
+    return t0, t1
+
+
+def gauge(iterations: pd.DataFrame, column: str) -> StepFunction:
+    return StepFunction(step_ends(iterations), iterations[column].to_numpy(np.float64))
+
+
+def time_weighted(fn: StepFunction, t0: float, t1: float) -> dict[str, float | None]:
+    """Time-weighted mean and p95 over [t0, t1] (p95: the smallest value the gauge is at or
+    below for >= 95 % of the time), and the largest value ever recorded (max)."""
+    _, w, v = fn.segments(t0, t1)
+    total = float(w.sum())
+    recorded = np.concatenate([[fn.initial], fn.values]) if len(fn.values) else np.array([fn.initial])
+    if total <= 0:
+        return {"mean": None, "p95": None, "max": float(recorded.max())}
+    order = np.argsort(v, kind="stable")
+    cum = np.cumsum(w[order])
+    p95 = float(v[order][min(int(np.searchsorted(cum, 0.95 * total, side="left")), len(v) - 1)])
+    return {"mean": float(v @ w / total), "p95": p95, "max": float(recorded.max())}
+
+
+def integral(fn: StepFunction, t0: float, t1: float) -> float:
+    _, w, v = fn.segments(t0, t1)
+    return float(v @ w)
+
+
+# --- counters ----------------------------------------------------------------------------------
+def _counter(times: np.ndarray, increments: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    order = np.argsort(times, kind="stable")
+    cum = np.concatenate([[0.0], np.cumsum(increments[order], dtype=np.float64)])
+    return cum[np.searchsorted(times[order], grid, side="right")]
+
+
+def generation_token_events(requests: pd.DataFrame, iterations: pd.DataFrame) -> tuple[np.ndarray,
+                                                                                      np.ndarray]:
+    """(times, counts) of sampled output tokens. Exact with a `num_sampled` iteration column;
+    without it, decode tokens + first tokens per step, which misses the token a preempted
+    request samples when its recompute finishes (docs/metrics.md)."""
+    ends = step_ends(iterations)
+    if "num_sampled" in iterations:
+        return ends, iterations.num_sampled.to_numpy(np.float64)
+    first = requests.first_token_s.to_numpy(np.float64)
+    first = first[np.isfinite(first)]
+    return (np.concatenate([ends, first]),
+            np.concatenate([iterations.decode_tokens.to_numpy(np.float64), np.ones(len(first))]))
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    name: str
+    kind: str  # gauge | counter | histogram
+    help: str
+    unit: str = ""
+
+
+GAUGES = {
+    "vllm:num_requests_running": ("num_running", "Number of requests in model execution batches."),
+    "vllm:num_requests_waiting": ("num_waiting", "Number of requests waiting to be processed."),
+    "vllm:kv_cache_usage_perc": ("kv_usage", "KV-cache usage. 1 means 100 percent usage."),
+}
+COUNTERS = {
+    "vllm:num_preemptions": "Cumulative number of preemptions from the engine.",
+    "vllm:prompt_tokens": "Number of prefill tokens processed.",
+    "vllm:generation_tokens": "Number of generation tokens processed.",
+    "vllm:request_success": "Count of successfully processed requests.",
+    "vllm:prefix_cache_queries": "Prefix cache queries, in terms of number of queried tokens.",
+    "vllm:prefix_cache_hits": "Prefix cache hits, in terms of number of cached tokens.",
+}
+HISTOGRAMS = {
+    "vllm:time_to_first_token_seconds": ("Histogram of time to first token in seconds.",
+                                         TTFT_BUCKETS_S),
+    "vllm:e2e_request_latency_seconds": ("Histogram of e2e request latency in seconds.",
+                                         REQUEST_LATENCY_BUCKETS_S),
+    "vllm:request_queue_time_seconds": ("Histogram of time spent in WAITING phase for request.",
+                                        REQUEST_LATENCY_BUCKETS_S),
+    "vllm:iteration_tokens_total": ("Histogram of number of tokens per engine_step.",
+                                    ITERATION_TOKEN_BUCKETS),
+}
+
+
+def grid(t1: float, interval_s: float) -> np.ndarray:
+    """0, dt, 2 dt, ... up to the first point >= t1 (inclusive)."""
+    check_interval(interval_s)
+    n = int(math.ceil(t1 / interval_s - 1e-9)) if t1 > 0 else 0
+    return np.arange(n + 1, dtype=np.float64) * interval_s
+
+
+def check_interval(interval_s: float) -> None:
+    if (isinstance(interval_s, bool) or not isinstance(interval_s, (int, float))
+            or not math.isfinite(interval_s) or interval_s < 0.001):
+        raise ConfigError(f"time-series interval_s must be a number >= 0.001 (Prometheus stores "
+                          f"milliseconds), got {interval_s!r}")
+
+
+def _counter_events(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict[str, tuple]:
+    ends = step_ends(iterations)
+    done = requests[requests.status == "finished"]
+    started = requests[np.isfinite(requests.first_token_s)]
+    events = {
+        "vllm:num_preemptions": (ends, iterations.num_preempted.to_numpy(np.float64)),
+        "vllm:prompt_tokens": (started.first_token_s.to_numpy(np.float64),
+                               started.prompt_tokens.to_numpy(np.float64)),
+        "vllm:generation_tokens": generation_token_events(requests, iterations),
+        "vllm:request_success": (done.finish_s.to_numpy(np.float64), np.ones(len(done))),
+    }
+    for name, col in (("vllm:prefix_cache_queries", "prefix_cache_queries"),
+                      ("vllm:prefix_cache_hits", "prefix_cache_hits")):
+        if col in iterations:
+            events[name] = (ends, iterations[col].to_numpy(np.float64))
+    return events
+
+
+def _histogram_observations(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict[str, tuple]:
+    """(times, values) observed per histogram, at the moment vLLM observes them: TTFT at the
+    first token, E2E and queue time when the request finishes, tokens per step at its end."""
+    done = requests[requests.status == "finished"]
+    started = requests[np.isfinite(requests.first_token_s)]
+    return {
+        "vllm:time_to_first_token_seconds": (
+            started.first_token_s.to_numpy(np.float64),
+            (started.first_token_s - started.arrival_s).to_numpy(np.float64)),
+        "vllm:e2e_request_latency_seconds": (
+            done.finish_s.to_numpy(np.float64), (done.finish_s - done.arrival_s).to_numpy(np.float64)),
+        "vllm:request_queue_time_seconds": (
+            done.finish_s.to_numpy(np.float64),
+            (done.first_scheduled_s - done.arrival_s).to_numpy(np.float64)),
+        "vllm:iteration_tokens_total": (step_ends(iterations),
+                                        iterations.num_tokens.to_numpy(np.float64)),
+    }
+
+
+def build_timeseries(requests: pd.DataFrame, iterations: pd.DataFrame,
+                     interval_s: float = 1.0) -> pd.DataFrame:
+    """One row per sample time: `time_s`, each gauge and each counter (vLLM names; counters as
+    their `_total` sample), histogram `_count`/`_sum`. Counters without data are left out."""
+    _, t1 = run_window(requests, iterations)
+    g = grid(t1, interval_s)
+    cols: dict[str, np.ndarray] = {"time_s": g}
+    for name, (col, _) in GAUGES.items():
+        cols[name] = gauge(iterations, col).at(g)
+    for name, (times, inc) in _counter_events(requests, iterations).items():
+        cols[f"{name}_total"] = _counter(times, inc, g)
+    for name, (times, values) in _histogram_observations(requests, iterations).items():
+        cols[f"{name}_count"] = _counter(times, np.ones(len(values)), g)
+        cols[f"{name}_sum"] = _counter(times, values, g)
+    return pd.DataFrame(cols)
+
+
+# --- OpenMetrics text --------------------------------------------------------------------------
+def _num(v: float) -> str:
+    """Shortest exact text for a sample value; integers without a decimal point."""
+    f = float(v)
+    if f == int(f) and abs(f) < 2**53:
+        return str(int(f))
+    return repr(f)
+
+
+def _le(b: float) -> str:
+    f = float(b)
+    return f"{f:.1f}" if f == int(f) else repr(f)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
+
+
+def to_openmetrics(requests: pd.DataFrame, iterations: pd.DataFrame, *, interval_s: float = 1.0,
+                   labels: dict[str, str] | None = None, start_unix_s: float = 0.0) -> str:
+    """OpenMetrics text with one sample per series per grid time, timestamped
+    `start_unix_s + t` (simulated seconds; 0 = the Unix epoch keeps files deterministic).
+    Each family's samples are contiguous and time-ordered, histogram points complete
+    (buckets, _count, _sum per timestamp), ending with `# EOF`, as
+    `promtool tsdb create-blocks-from openmetrics` expects."""
+    _, t1 = run_window(requests, iterations)
+    g = grid(t1, interval_s)
+    ts = [f"{start_unix_s + t:.3f}" for t in g]
+    lab = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted((labels or {}).items()))
+    sel = "{" + lab + "}" if lab else ""
+    out: list[str] = []
+    for name, (col, help_) in GAUGES.items():
+        out += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
+        vals = gauge(iterations, col).at(g)
+        out += [f"{name}{sel} {_num(v)} {t}" for v, t in zip(vals, ts)]
+    for name, (times, inc) in _counter_events(requests, iterations).items():
+        out += [f"# HELP {name} {COUNTERS[name]}", f"# TYPE {name} counter"]
+        vals = _counter(times, inc, g)
+        out += [f"{name}_total{sel} {_num(v)} {t}" for v, t in zip(vals, ts)]
+    pre = lab + "," if lab else ""
+    for name, (times, values) in _histogram_observations(requests, iterations).items():
+        help_, buckets = HISTOGRAMS[name]
+        out += [f"# HELP {name} {help_}", f"# TYPE {name} histogram"]
+        if name.endswith("_seconds"):
+            out.append(f"# UNIT {name} seconds")
+        les = [_le(b) for b in buckets] + ["+Inf"]
+        counts = [_counter(times, (values <= b).astype(np.float64), g) for b in buckets]
+        counts.append(_counter(times, np.ones(len(values)), g))
+        sums = _counter(times, values, g)
+        for k, t in enumerate(ts):
+            out += [f'{name}_bucket{{{pre}le="{le}"}} {_num(c[k])} {t}' for le, c in zip(les, counts)]
+            out += [f"{name}_count{sel} {_num(counts[-1][k])} {t}", f"{name}_sum{sel} {_num(sums[k])} {t}"]
+    out.append("# EOF")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m simulator.metrics.timeseries RUN_DIR --start-unix-s T`: rewrite a run's OpenMetrics
+    export with real timestamps (e.g. now) so that a live Prometheus keeps the imported blocks."""
+    p = argparse.ArgumentParser(prog="python -m simulator.metrics.timeseries", description=main.__doc__)
+    p.add_argument("run_dir")
+    p.add_argument("--start-unix-s", type=float, default=0.0)
+    p.add_argument("--interval-s", type=float, default=1.0)
+    p.add_argument("-o", "--output", help="default RUN_DIR/openmetrics.txt")
+    args = p.parse_args(argv)
+    run_dir = Path(args.run_dir)
+    try:
+        reqs = pd.read_parquet(run_dir / "requests.parquet")
+        iters = pd.read_parquet(run_dir / "iterations.parquet")
+        model = ""
+        cfg = run_dir / "config.yaml"
+        if cfg.is_file():
+            import yaml
+            model = str((yaml.safe_load(cfg.read_text()) or {}).get("model", ""))
+        text = to_openmetrics(reqs, iters, interval_s=args.interval_s,
+                              labels={"model_name": model} if model else None,
+                              start_unix_s=args.start_unix_s)
+    except (OSError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    Path(args.output or run_dir / "openmetrics.txt").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Reports for a run directory: the self-contained HTML page and the PNG plots."""
