@@ -11,7 +11,7 @@ import pytest
 
 from simulator.config.workload import WorkloadConfig
 from simulator.errors import ConfigError
-from simulator.workload.generators import generate
+from simulator.workload.load import generate
 from simulator.workload.traces import read_trace
 
 SEED = np.random.SeedSequence(0)

@@ -7,7 +7,8 @@ import pytest
 
 from simulator.config.workload import ARRIVAL_PARAMS, LENGTH_PARAMS, WorkloadConfig
 from simulator.errors import ConfigError
-from simulator.workload.generators import ARRIVALS, LENGTHS, ChunkIds, RequestArrays, generate, sample_lengths
+from simulator.workload.generators import ARRIVALS, LENGTHS, ChunkIds, RequestArrays, sample_lengths
+from simulator.workload.load import generate
 
 N = 100_000
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.workload import generate
-from simulator.workload_config import WorkloadConfig
+from simulator.config.workload import WorkloadConfig
+from simulator.workload.load import generate
 
 SPEC = {
     "duration_s": 600.0,

@@ -150,7 +150,7 @@ class Planner:
         """Trace time at which seed k's window starts (traces only)."""
         if not self.is_trace:
             return []
-        from simulator.workload.generators import generate
+        from simulator.workload.load import generate
         w = generate(cfg.workload, np.random.SeedSequence(0))
         n = max(self.s.requests, self.s.cluster_requests)
         starts = []
@@ -165,7 +165,7 @@ class Planner:
         return starts
 
     def _mean_output(self, cfg) -> float:
-        from simulator.workload.generators import generate
+        from simulator.workload.load import generate
         w = generate(cfg.workload, np.random.SeedSequence(cfg.seed))
         return float(np.mean(w.output_tokens))
 

@@ -21,7 +21,8 @@ import numpy as np
 import yaml
 
 from simulator.errors import ConfigError
-from simulator.workload.generators import ARRIVALS, LENGTHS, ChunkIds, RequestArrays, generate
+from simulator.workload.generators import ARRIVALS, LENGTHS, ChunkIds, RequestArrays
+from simulator.workload.load import generate
 
 PERCENTILES = (50, 90, 99)
 

@@ -17,7 +17,6 @@ import yaml
 from simulator.config.workload import WorkloadConfig
 from simulator.config.workload import positive_int as _positive_int
 from simulator.errors import ConfigError, did_you_mean
-from simulator.hardware.gpus import GIB, GpuSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,10 +231,11 @@ class ResolvedEngine:
     tensor_parallel_size: int
 
 
-def resolve_engine(engine: EngineConfig, gpu: GpuSpec, model_max_len: int) -> ResolvedEngine:
+def resolve_engine(engine: EngineConfig, gpu_name: str, gpu_memory_gib: float,
+                   model_max_len: int) -> ResolvedEngine:
     # vLLM (EngineArgs._set_default_args, OpenAI server entry point): GPUs with >= 70 GiB that
     # are not A100 get max_num_seqs 1024 / max_num_batched_tokens 8192, others 256 / 2048.
-    big = gpu.memory_gib * GIB >= 70 * GIB and not gpu.name.startswith("a100")
+    big = gpu_memory_gib >= 70 and not gpu_name.startswith("a100")
     max_model_len = engine.max_model_len or model_max_len
     if max_model_len > model_max_len:
         raise ConfigError(f"engine.max_model_len ({max_model_len}) exceeds the model's "

@@ -253,7 +253,7 @@ def run_cluster(config, workload=None, *, progress=None, vectorized: bool = True
     run draws it); 3. one engine + Replica process per replica, the router in front; 4. SimPy
     run; 5. merged tables and the cluster summary with per-replica figures."""
     from simulator.engine.run import Result, build_engine, run_config_summary, setup
-    from simulator.workload.generators import generate
+    from simulator.workload.load import generate
 
     spec = resolve_cluster(config.cluster)
     s = setup(config)

@@ -35,7 +35,8 @@ from simulator.hardware.gpus import GIB, GpuSpec, get_gpu
 from simulator.hardware.memory import MemoryPlan, plan_memory
 from simulator.hardware.models import ModelSpec, get_model
 from simulator.metrics.summary import MetricsRecorder, clean_floats, summarize, write_monitoring
-from simulator.workload.generators import RequestArrays, generate
+from simulator.workload.generators import RequestArrays
+from simulator.workload.load import generate
 
 
 @dataclass
@@ -87,7 +88,7 @@ def setup(config: SimConfig) -> Setup:
     from simulator.engine.kvcache.eviction import EVICTION_POLICIES
     ALLOCATORS.get(config.engine.kv_allocator)
     EVICTION_POLICIES.get(config.engine.eviction_policy)
-    engine = resolve_engine(config.engine, gpu, model.max_position_embeddings)
+    engine = resolve_engine(config.engine, gpu.name, gpu.memory_gib, model.max_position_embeddings)
     memory = plan_memory(model, gpu, tp=engine.tensor_parallel_size, block_size=engine.block_size,
                          gpu_memory_utilization=engine.gpu_memory_utilization,
                          max_num_batched_tokens=engine.max_num_batched_tokens,

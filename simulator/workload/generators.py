@@ -621,16 +621,3 @@ def _synthetic(cfg: WorkloadConfig, seed_seq: np.random.SeedSequence) -> Request
         parts.append(part)
     merged = RequestArrays.concat_sorted(parts)
     return merged if n is None else merged.take(np.arange(min(n, len(merged))))
-
-
-def generate(cfg: WorkloadConfig, seed_seq: np.random.SeedSequence) -> RequestArrays:
-    """Steps: 1. requests from the trace (simulator/workload/traces.py) or the synthetic generators;
-    2. transforms in config order (window, num_requests, sample_n, rate scaling, clipping);
-    3. arrivals shifted so that the first request arrives at t=0."""
-    from simulator.workload import traces  # traces builds on this module's types
-
-    if cfg.trace is not None:
-        return traces.load_workload(cfg, seed_seq)
-    # spawn() is stateful: the synthetic part takes its children first (first version's order).
-    work = _synthetic(cfg, seed_seq)
-    return traces.apply_transforms(work, cfg, seed_seq.spawn(1)[0])
