@@ -124,7 +124,22 @@ def test_kv_heads_replicate_when_tp_exceeds_them():
         assert _plan(tp=tp).kv_bytes_per_token == 2 * 32 * 1 * 128 * 2
 
 
-# --- 3. fields the config already refuses as vLLM does (checked here through the CLI) ----------
+# --- 3. block sizes the attention backends take -------------------------------------------------
+
+@pytest.mark.parametrize("bs", [1, 4, 8, 24, 33])
+def test_block_size_not_a_multiple_of_16_is_refused(refused, bs):
+    with pytest.raises(ConfigError, match=rf"^engine.block_size must be a multiple of 16 .* got {bs};"):
+        _plan(block_size=bs)
+    _one_line(*refused("--block-size", str(bs)), "engine.block_size must be a multiple of 16",
+              f"got {bs}")
+
+
+@pytest.mark.parametrize("bs", [16, 32, 48, 64, 128, 256])
+def test_multiples_of_16_start(bs):
+    assert _plan(block_size=bs).block_size == bs
+
+
+# --- 4. fields the config already refuses as vLLM does (checked here through the CLI) ----------
 
 @pytest.mark.parametrize("args,field", [
     (["--gpu-memory-utilization", "0"], "gpu_memory_utilization"),
@@ -146,7 +161,7 @@ def test_max_num_seqs_above_max_num_batched_tokens_is_refused():
         setup(build_config(overrides=["engine.max_num_seqs=512", "engine.max_num_batched_tokens=256"]))
 
 
-# --- 4. vLLM's own validators make the same decisions (CPU-only vLLM, docs/parity.md) ----------
+# --- 5. vLLM's own validators make the same decisions (CPU-only vLLM, docs/parity.md) ----------
 
 @pytest.fixture(scope="module")
 def vllm_config_dir(tmp_path_factory):
@@ -235,6 +250,17 @@ def test_vllm_layers_refuse_what_kvsim_refuses(vllm_config_dir, monkeypatch):
     for m in CATALOGUE.values():
         for tp in (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 28, 32, 40, 48, 64, 80, 128):
             assert vllm_builds(m, tp) == (tp_refusal(m, tp) is None), (m.name, tp)
+
+
+def test_vllm_attention_backends_take_multiples_of_16(vllm_config_dir):
+    """FlashAttention and Triton (vLLM's CUDA choices that import on CPU; FlashInfer needs its
+    own package) take a user block size exactly when kvsim does."""
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+    for bs in range(1, 273):
+        theirs = [b.supports_block_size(bs) for b in (FlashAttentionBackend, TritonAttentionBackend)]
+        assert theirs == [bs % 16 == 0] * 2, bs
+        assert _kvsim_starts(block_size=bs) == (bs % 16 == 0), bs
 
 
 def test_vllm_cache_config_gpu_memory_utilization_range(vllm_config_dir):

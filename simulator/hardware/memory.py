@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from simulator.errors import ConfigError
 from simulator.hardware.gpus import GIB, GpuSpec
 from simulator.hardware.models import ModelSpec
-from simulator.hardware.vllm_limits import check_kv_capacity, check_tensor_parallel
+from simulator.hardware.vllm_limits import check_block_size, check_kv_capacity, check_tensor_parallel
 
 NON_TORCH_BYTES = GIB // 2  # assumption: CUDA context + cuBLAS/NCCL workspaces ~0.5 GiB
 
@@ -88,11 +88,12 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, *, tp: int, block_size: int,
                 gpu_memory_utilization: float, max_num_batched_tokens: int, max_num_seqs: int,
                 max_model_len: int, activation_reserve_gib: float | None = None,
                 num_gpu_blocks_override: int | None = None) -> MemoryPlan:
-    """Steps: 1. refuse a tensor_parallel_size vLLM refuses (vllm_limits.py);
+    """Steps: 1. refuse a tensor_parallel_size or block_size vLLM refuses (vllm_limits.py);
     2. bytes per token per GPU; 3. weights and activation shares; 4. KV budget; 5. blocks;
     6. check that one max_model_len request fits beside vLLM's null block (vLLM refuses to
     start otherwise)."""
     check_tensor_parallel(model, tp)
+    check_block_size(block_size, gpu.name)
     kv_per_token = kv_bytes_per_token_per_gpu(model, tp)
     total = gpu.memory_bytes
     requested = int(total * gpu_memory_utilization)

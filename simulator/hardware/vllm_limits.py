@@ -2,13 +2,14 @@
 
 Each rule mirrors one vLLM check (file and function in its comment) and raises one
 ConfigError line naming the field, the value and what is allowed. `plan_memory` calls
-them all (tensor parallelism before the memory math, the KV capacity after it), so
-every entry point that sets up an engine refuses the same inputs vLLM does.
+them all (tensor parallelism and block size before the memory math, the KV capacity
+after it), so every entry point that sets up an engine refuses the same inputs vLLM does.
 
     rule                                   vLLM 0.33 source
     heads % tp == 0                        config/model.py ModelConfig.verify_with_parallel_config
     kv_heads % tp == 0 or tp % kv_heads    model_executor/layers/linear.py QKVParallelLinear.__init__
     intermediate_size % tp == 0 (dense)    model_executor/layers/linear.py MergedColumnParallelLinear
+    block_size % 16 == 0                   platforms/cuda.py, platforms/rocm.py get_attn_backend_cls
     ceil(max_model_len / block_size)       v1/core/kv_cache_planning.py get_kv_cache_configs ->
       <= num_gpu_blocks - 1 (null block)     _check_enough_kv_cache_memory
 """
@@ -17,6 +18,13 @@ from __future__ import annotations
 
 from simulator.errors import ConfigError
 from simulator.hardware.models import ModelSpec
+
+# Every CUDA and ROCm attention backend vLLM 0.33 picks for a decoder model with an
+# unquantized KV cache accepts a block size only if it is a multiple of 16:
+# FLASH_ATTN, TRITON_ATTN, FLEX_ATTENTION, ROCM_ATTN, ROCM_AITER_UNIFIED_ATTN: MultipleOf(16);
+# FLASHINFER [16, 32, 64] and ROCM_AITER_FA [16, 32] with `supports_block_size` taking any
+# multiple of those (v1/attention/backend.py AttentionBackend.supports_block_size).
+ATTENTION_BLOCK_MULTIPLE = 16
 
 
 def tp_refusal(model: ModelSpec, tp: int) -> str | None:
@@ -50,6 +58,16 @@ def check_tensor_parallel(model: ModelSpec, tp: int) -> None:
         allowed = ", ".join(map(str, allowed_tp_sizes(model)))
         raise ConfigError(f"engine.tensor_parallel_size {why} (vLLM refuses others), got {tp}; "
                           f"allowed: {allowed}")
+
+
+def check_block_size(block_size: int, gpu_name: str) -> None:
+    """vLLM: a user-set --block-size that no attention backend supports leaves no valid
+    backend (platforms/cuda.py CudaPlatformBase.get_attn_backend_cls: "No valid attention
+    backend found"; platforms/rocm.py likewise)."""
+    if block_size % ATTENTION_BLOCK_MULTIPLE:
+        raise ConfigError(
+            f"engine.block_size must be a multiple of {ATTENTION_BLOCK_MULTIPLE} (no vLLM attention "
+            f"backend for {gpu_name} takes another size), got {block_size}; e.g. 16, 32, 64, 128")
 
 
 def check_kv_capacity(num_gpu_blocks: int, block_size: int, max_model_len: int, where: str) -> None:
