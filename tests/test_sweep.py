@@ -59,7 +59,7 @@ def test_task_ids_are_stable_and_distinct():
 
 
 def test_broken_point_is_recorded_and_the_rest_runs_then_rerun_skips(tmp_path):
-    ts = tasks({"engine.block_size": [8, 0, 32], "engine.max_num_seqs": [16, 64]})
+    ts = tasks({"engine.block_size": [64, 0, 32], "engine.max_num_seqs": [16, 64]})
     out = sw.execute(ts, tmp_path, workers=1, progress=False)
     assert (out.done, out.failed, out.skipped) == (6, 2, 0)
     df = sw.build_table(ts, out.records)
@@ -105,7 +105,7 @@ def test_ctrl_c_leaves_a_consistent_set_and_the_rerun_completes(tmp_path, monkey
 
 
 def test_two_workers_give_the_same_files_as_one(tmp_path):
-    ts = tasks({"engine.block_size": [8, 16], "engine.max_num_seqs": [16, 64]})
+    ts = tasks({"engine.block_size": [32, 16], "engine.max_num_seqs": [16, 64]})
     sw.execute(ts, tmp_path / "serial", workers=1, progress=False)
     sw.execute(ts, tmp_path / "pool", workers=2, progress=False)
     assert files(tmp_path / "serial") == files(tmp_path / "pool")
@@ -117,7 +117,7 @@ def test_seeds_give_intervals_and_the_cli_writes_table_and_heatmap(tmp_path):
     cfg.write_text("workload: {num_requests: 30, arrival: {process: poisson, rate: 40.0},\n"
                    "  output_tokens: {dist: lognormal, mean: 64, cv: 1.0, max: 512}}\n"
                    "engine: {num_gpu_blocks_override: 300, max_model_len: 2048}\n"
-                   "sweep: {grid: {engine.block_size: [8, 16]}}\n")
+                   "sweep: {grid: {engine.block_size: [32, 16]}}\n")
     out = tmp_path / "out"
     assert main(["sweep", str(cfg), "--grid", "max_num_seqs=16,64", "--seeds", "2", "--workers", "2",
                  "--out", str(out), "--quiet", "--metric", "throughput.requests_per_s"]) == 0
@@ -133,7 +133,7 @@ def test_seeds_give_intervals_and_the_cli_writes_table_and_heatmap(tmp_path):
 @pytest.mark.slow  # starting a local Ray instance takes 15-45 s on 2 busy cores
 def test_ray_backend_matches_local(tmp_path):
     pytest.importorskip("ray", reason="ray is not installed (pip install 'kvsim[ray]')")
-    ts = tasks({"engine.block_size": [8, 16]})
+    ts = tasks({"engine.block_size": [32, 16]})
     sw.execute(ts, tmp_path / "local", workers=1, progress=False)
     sw.execute(ts, tmp_path / "ray", workers=2, backend="ray", progress=False)
     assert files(tmp_path / "local") == files(tmp_path / "ray")

@@ -1,2 +1,2 @@
-"""Hardware facts: model architectures (catalogue + HF config.json), GPU profiles, and vLLM's
-memory math (weights, activations, KV blocks per GPU)."""
+"""Hardware facts: model architectures (catalogue + HF config.json), GPU profiles, vLLM's
+memory math (weights, activations, KV blocks per GPU) and the start-up limits vLLM enforces."""

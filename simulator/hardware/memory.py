@@ -5,6 +5,8 @@
     requested                    = gpu_memory * gpu_memory_utilization
     kv_budget                    = requested - weights_per_gpu - activation_peak - non_torch
     num_gpu_blocks               = floor(kv_budget / block_bytes)
+    start-up check               : ceil(max_model_len / block_size) <= num_gpu_blocks - 1
+                                   (block 0 is vLLM's null block; vllm_limits.py)
 
 `activation_peak` stands in for vLLM's profiling pass (a dummy forward of
 max_num_batched_tokens tokens plus the sampler over max_num_seqs rows): the largest
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from simulator.errors import ConfigError
 from simulator.hardware.gpus import GIB, GpuSpec
 from simulator.hardware.models import ModelSpec
+from simulator.hardware.vllm_limits import check_block_size, check_kv_capacity, check_tensor_parallel
 
 NON_TORCH_BYTES = GIB // 2  # assumption: CUDA context + cuBLAS/NCCL workspaces ~0.5 GiB
 
@@ -85,8 +88,12 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, *, tp: int, block_size: int,
                 gpu_memory_utilization: float, max_num_batched_tokens: int, max_num_seqs: int,
                 max_model_len: int, activation_reserve_gib: float | None = None,
                 num_gpu_blocks_override: int | None = None) -> MemoryPlan:
-    """Steps: 1. bytes per token per GPU; 2. weights and activation shares; 3. KV budget;
-    4. blocks; 5. check that one max_model_len request fits (vLLM refuses to start otherwise)."""
+    """Steps: 1. refuse a tensor_parallel_size or block_size vLLM refuses (vllm_limits.py);
+    2. bytes per token per GPU; 3. weights and activation shares; 4. KV budget; 5. blocks;
+    6. check that one max_model_len request fits beside vLLM's null block (vLLM refuses to
+    start otherwise)."""
+    check_tensor_parallel(model, tp)
+    check_block_size(block_size, gpu.name)
     kv_per_token = kv_bytes_per_token_per_gpu(model, tp)
     total = gpu.memory_bytes
     requested = int(total * gpu_memory_utilization)
@@ -108,9 +115,5 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, *, tp: int, block_size: int,
         num_blocks = num_gpu_blocks_override
     plan = MemoryPlan(total, requested, weights, activation, non_torch, budget, kv_per_token,
                       block_size, num_blocks)
-    if plan.max_tokens < max_model_len:
-        raise ConfigError(
-            f"max_model_len ({max_model_len}) is larger than the {plan.max_tokens} tokens the KV cache "
-            f"can hold ({num_blocks} blocks of {block_size}) on {gpu.name} x tp={tp}; lower "
-            f"max_model_len or raise gpu_memory_utilization / tensor_parallel_size")
+    check_kv_capacity(num_blocks, block_size, max_model_len, f"{gpu.name} x tp={tp}")
     return plan
