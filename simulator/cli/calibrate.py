@@ -34,8 +34,7 @@ EPILOG = """examples:
 
 
 def register(sub, help: str) -> None:
-    p = sub.add_parser("calibrate", help=help, description=DESCRIPTION, epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("calibrate", help=help, description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("--profiles", required=True, metavar="DIR",
                    help="profiling data in Vidur's layout, e.g. ../shared/data/kernels")
     p.add_argument("--gpu", metavar="NAME",

@@ -9,9 +9,11 @@ rich, numpy, pandas and the engine are imported inside the functions that use th
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,37 @@ def say(text: str, **kwargs: Any) -> None:
     """Print one plain line to stdout and flush it, so a pipe shows it at once."""
     print(text, **kwargs)
     sys.stdout.flush()
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Descriptions and epilogs: a paragraph of prose is wrapped to the terminal; a block whose
+    lines are indented (examples, the command table) is kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        blocks = []
+        for block in text.strip("\n").split("\n\n"):
+            lines = block.splitlines()
+            if any(line.startswith(" ") for line in lines):
+                blocks.append("\n".join(indent + line for line in lines))
+            else:
+                blocks.append(textwrap.fill(" ".join(line.strip() for line in lines), width,
+                                            initial_indent=indent, subsequent_indent=indent))
+        return "\n\n".join(blocks)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with HelpFormatter, and a usage error in one line (argparse prints the whole
+    usage block first). Every command's parser is one (subparsers take the parent's class)."""
+
+    commands: dict[str, argparse.ArgumentParser]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+        self.commands = {}
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
 
 
 # -- output paths, checked before any work -----------------------------------------------------------

@@ -19,8 +19,7 @@ EPILOG = """examples:
 
 
 def register(sub, help: str) -> None:
-    p = sub.add_parser("experiment", help=help, description=DESCRIPTION, epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("experiment", help=help, description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("name", nargs="?", help="experiment name (experiments/NAME.py)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the experiment")
     p.add_argument("--list", action="store_true", help="list the experiments and their claims")

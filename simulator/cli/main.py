@@ -12,6 +12,7 @@ import os
 import sys
 
 from simulator import __version__
+from simulator.cli.common import Parser
 from simulator.errors import ConfigError, did_you_mean
 
 # command -> one line for `kvsim --help`, in the order a new user needs them
@@ -45,20 +46,10 @@ def _commands_text() -> str:
     return "commands:\n" + "\n".join(f"  {name:<{width}}{line}" for name, line in COMMANDS.items())
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (argparse prints the whole usage block first)."""
-
-    commands: dict[str, argparse.ArgumentParser] = {}
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The whole parser, every command's options included (command modules are light)."""
     parser = Parser(prog="kvsim", usage="kvsim [-h] [--version] COMMAND ...",
-                    description=f"{DESCRIPTION}\n\n{_commands_text()}", epilog=EPILOG,
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
+                    description=f"{DESCRIPTION}\n\n{_commands_text()}", epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"kvsim {__version__}")
     parser.set_defaults(func=None)
     # NOTE: the command list is the description above; argparse's own would print a bare

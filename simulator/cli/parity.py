@@ -9,7 +9,6 @@ Exit status 0 when every run is identical, 1 otherwise."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -36,8 +35,7 @@ EPILOG = """examples:
 
 
 def register(sub, help: str) -> None:
-    p = sub.add_parser("parity", help=help, description=DESCRIPTION, epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("parity", help=help, description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("config", nargs="?", help="YAML config (default: built-in)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field (as kvsim run)")

@@ -34,8 +34,7 @@ EPILOG = """examples:
 
 
 def register(sub, help: str) -> None:
-    p = sub.add_parser("plan", help=help, description=DESCRIPTION, epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("plan", help=help, description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("config", nargs="?", help="YAML config: model and workload (trace or generators)")
     p.add_argument("--rate", type=float, required=True, help="target request rate (req/s)")
     p.add_argument("--slo", action="append", default=[], metavar="KEY=VALUE",

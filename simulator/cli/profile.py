@@ -36,8 +36,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def register(sub, help: str) -> None:
-    p = sub.add_parser("profile", help=help, description=DESCRIPTION, epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("profile", help=help, description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("--model", required=True, help="model name or path to a Hugging Face config.json")
     p.add_argument("--gpu", required=True,
                    help="name of this GPU: the data folder name, normally its catalogue name (e.g. h200)")

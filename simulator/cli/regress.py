@@ -36,8 +36,7 @@ EPILOG = """examples:
 
 
 def register(sub, help: str) -> None:
-    p = sub.add_parser("regress", help=help, description=DESCRIPTION, epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("regress", help=help, description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("--suite", default="regress", help="folder of scenario YAMLs, or one file "
                    "(default: regress)")
     p.add_argument("--baseline", default=None, metavar="FILE",

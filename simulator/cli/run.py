@@ -42,8 +42,7 @@ EPILOG = """examples:
 
 
 def register(sub, help: str) -> None:
-    p = sub.add_parser("run", help=help, description=DESCRIPTION, epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("run", help=help, description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("config", nargs="?", help="YAML config (default: built-in Llama-3.1-8B on H100)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set engine.block_size=32 or "

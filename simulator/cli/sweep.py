@@ -36,8 +36,7 @@ SHOWN = (("throughput.requests_per_s", "req/s"), ("throughput.output_tokens_per_
 
 
 def register(sub, help: str) -> None:
-    p = sub.add_parser("sweep", help=help, description=DESCRIPTION, epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("sweep", help=help, description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("config", nargs="?", help="base YAML config (may hold a sweep: section)")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
                    help="a grid axis, e.g. --grid engine.block_size=8,16,32 (repeatable)")

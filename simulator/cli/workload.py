@@ -42,8 +42,7 @@ def register(sub, help: str) -> None:
     p = sub.add_parser("workload", help=help, description="Look at a workload before simulating it.")
     wsub = p.add_subparsers(dest="workload_command", metavar="ACTION", title="actions")
     i = wsub.add_parser("inspect", help="statistics and a PNG of a trace file or workload YAML",
-                        description=INSPECT_DESCRIPTION, epilog=INSPECT_EPILOG,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
+                        description=INSPECT_DESCRIPTION, epilog=INSPECT_EPILOG)
     i.add_argument("source", help="trace file (CSV/JSONL, format auto-detected) or YAML config "
                                   "(a full config with a workload: section, or just that section)")
     i.add_argument("--format", help="trace format (default: auto-detect)")
