@@ -41,7 +41,11 @@ def say(text: str, **kwargs: Any) -> None:
 
 class HelpFormatter(argparse.HelpFormatter):
     """Descriptions and epilogs: a paragraph of prose is wrapped to the terminal; a block whose
-    lines are indented (examples, the command table) is kept as written."""
+    lines are indented (examples, the command table) is kept as written. Never wraps at a hyphen
+    (--num-requests, priority-cache and llama-3.1-8b stay whole)."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         blocks = []
@@ -51,7 +55,8 @@ class HelpFormatter(argparse.HelpFormatter):
                 blocks.append("\n".join(indent + line for line in lines))
             else:
                 blocks.append(textwrap.fill(" ".join(line.strip() for line in lines), width,
-                                            initial_indent=indent, subsequent_indent=indent))
+                                            initial_indent=indent, subsequent_indent=indent,
+                                            break_on_hyphens=False))
         return "\n\n".join(blocks)
 
 
@@ -72,6 +77,10 @@ class Parser(argparse.ArgumentParser):
 
 # -- output paths, checked before any work -----------------------------------------------------------
 
+def _writable(folder: Path) -> bool:
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
 def _nearest_existing(path: Path) -> Path:
     p = path.absolute()
     while not p.exists() and p != p.parent:
@@ -84,7 +93,7 @@ def _check_creatable(path: Path, flag: str) -> None:
     anc = _nearest_existing(path)
     if not anc.is_dir():
         raise ConfigError(f"{flag} {path}: cannot be created, {anc} is a file, not a folder")
-    if not os.access(anc, os.W_OK | os.X_OK):
+    if not _writable(anc):
         raise ConfigError(f"{flag} {path}: cannot be created, folder {anc} is not writable")
 
 
@@ -96,7 +105,7 @@ def check_out_dir(path: str | Path | None, flag: str = "--out") -> None:
     if p.exists():
         if not p.is_dir():
             raise ConfigError(f"{flag} {p}: is an existing file; give a folder for the outputs")
-        if not os.access(p, os.W_OK | os.X_OK):
+        if not _writable(p):
             raise ConfigError(f"{flag} {p}: folder is not writable")
         return
     _check_creatable(p, flag)

@@ -39,7 +39,10 @@ INSPECT_EPILOG = """examples:
 
 
 def register(sub, help: str) -> None:
-    p = sub.add_parser("workload", help=help, description="Look at a workload before simulating it.")
+    p = sub.add_parser("workload", help=help,
+                       description="Look at a workload before simulating it: `inspect` prints its rate, "
+                                   "lengths, tenants, sessions and prefix reuse and draws a PNG; "
+                                   "`formats` lists the trace formats kvsim reads.")
     wsub = p.add_subparsers(dest="workload_command", metavar="ACTION", title="actions")
     i = wsub.add_parser("inspect", help="statistics and a PNG of a trace file or workload YAML",
                         description=INSPECT_DESCRIPTION, epilog=INSPECT_EPILOG)
