@@ -10,7 +10,6 @@ nearest measured GPU, marked `status: extrapolated`.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -102,6 +101,8 @@ def print_network(console, fits: list[GpuFit]) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    import datetime as dt
+
     from rich.table import Table
 
     from simulator.calibration.fit import (

@@ -9,7 +9,6 @@ Exit status 0 when every run is identical, 1 otherwise."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from simulator.cli.common import check_out_dir, check_out_file, make_console
@@ -78,6 +77,8 @@ def _configs(args) -> list:
 
 
 def main(args) -> int:
+    import json
+
     from simulator.analysis.parity import run_pair
     from simulator.backends.vllm import VLLM_VERSION, import_vllm, vllm_version
 

@@ -11,7 +11,6 @@ at R (OUT/plan.json). The config gives the model and the workload (a trace or ge
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from simulator.cli.common import check_out_dir, make_console
@@ -122,6 +121,8 @@ def build_planner(args: argparse.Namespace, log):
 
 
 def main(args: argparse.Namespace) -> int:
+    import json
+
     from simulator.analysis.plan import confirm_ranking, plot_plan
     from simulator.metrics.summary import clean_floats
 

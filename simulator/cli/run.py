@@ -10,7 +10,6 @@ metric to OUT/seeds_summary.json (metrics.aggregate_seeds)."""
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -155,6 +154,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _main_seeds(args: argparse.Namespace, config) -> int:
     import dataclasses
+    import json
 
     from simulator.engine.run import run
     from simulator.metrics.summary import aggregate_seeds, clean_floats

@@ -10,7 +10,6 @@ over two grid keys, or a line plot over one). A config file may hold the grid it
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -60,6 +59,8 @@ def register(sub, help: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    import json
+
     from simulator.analysis.sweep import build_table, execute, load_sweep, make_tasks, plot_sweep, write_table
 
     if args.workers < 1:

@@ -12,7 +12,6 @@ length percentiles, tenants, sessions, prefix reuse and loading counts; it also 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -267,6 +266,8 @@ def _shown_source(source: str) -> str:
 
 
 def inspect_main(args: argparse.Namespace) -> int:
+    import json
+
     png = None
     if not args.no_png:
         png = Path(args.png) if args.png else Path("runs/inspect") / f"{Path(args.source).stem}.png"
