@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from simulator.cli.main import main
@@ -57,3 +59,144 @@ def test_vllm_flags_reach_the_engine(tmp_path, capsys):
     assert cfg["resolved_engine"]["block_size"] == 32
     assert cfg["resolved_engine"]["max_num_seqs"] == 8
     assert cfg["resolved_engine"]["max_model_len"] == 4096
+
+
+# -- output paths: refused in one line, exit 2, before any simulation work --------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli(capsys, *args) -> tuple[int, str]:
+    """Exit code and stderr of `kvsim ARGS` (argparse's usage errors included)."""
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err.strip()
+
+
+@pytest.fixture
+def paths(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    return {"FILE": afile, "UNDER_FILE": afile / "sub", "DIR": folder, "TMP": tmp_path}
+
+
+@pytest.fixture
+def no_simulation(monkeypatch):
+    """Any simulation, sweep or plan search fails the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("simulation work started before the output path was checked")
+    import simulator.analysis.plan as plan
+    import simulator.analysis.sweep as sweep
+    import simulator.engine.run as engine_run
+    monkeypatch.setattr(engine_run, "run", refuse)
+    monkeypatch.setattr(sweep, "execute", refuse)
+    monkeypatch.setattr(plan.Planner, "search", refuse)
+
+
+OUT_PATH_CASES = [
+    (["run", "--out", "FILE"], "--out FILE: is an existing file"),
+    (["run", "--out", "UNDER_FILE"], "--out UNDER_FILE: cannot be created, FILE is a file"),
+    (["run", "--seeds", "2", "--out", "FILE"], "--out FILE: is an existing file"),
+    (["run", "--trace-steps", "DIR"], "--trace-steps DIR: is a folder"),
+    (["plot", "DIR", "--out", "FILE"], "--out FILE: is an existing file"),
+    (["report", "DIR", "--out", "DIR"], "--out DIR: is a folder"),
+    (["sweep", "--grid", "engine.block_size=8,16", "--out", "FILE"], "--out FILE: is an existing file"),
+    (["plan", "--rate", "5", "--out", "UNDER_FILE"], "--out UNDER_FILE: cannot be created"),
+    (["calibrate", "--profiles", "DIR", "--report-dir", "FILE"], "--report-dir FILE: is an existing file"),
+    (["parity", "--case", "fcfs-cache", "--json", "DIR"], "--json DIR: is a folder"),
+    (["regress", "--suite", REPO / "regress", "--junit", "DIR"], "--junit DIR: is a folder"),
+    (["workload", "inspect", REPO / "workloads" / "chat.yaml", "--png", "UNDER_FILE"],
+     "--png UNDER_FILE: cannot be created"),
+    (["profile", "--model", "llama-3.1-8b", "--gpu", "h100", "--out", "FILE"],
+     "--out FILE: is an existing file"),
+]
+
+
+@pytest.mark.parametrize("args,expected", OUT_PATH_CASES, ids=[" ".join(map(str, a[:2])) + " " + a[-2]
+                                                              for a, _ in OUT_PATH_CASES])
+def test_bad_output_path_is_refused_before_any_work(capsys, paths, no_simulation, args, expected):
+    def fill(text):
+        for key in sorted(paths, key=len, reverse=True):
+            text = str(text).replace(key, str(paths[key])) if isinstance(text, str) else text
+        return text
+    before = sorted(paths["TMP"].rglob("*"))
+    code, err = cli(capsys, *(fill(a) if isinstance(a, str) else a for a in args))
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("kvsim: error: "), err
+    assert fill(expected) in err
+    assert sorted(paths["TMP"].rglob("*")) == before  # nothing written
+
+
+def test_output_folder_that_cannot_be_written(capsys, paths, monkeypatch, no_simulation):
+    from simulator.cli import common
+    ro = paths["DIR"]
+    monkeypatch.setattr(common, "_writable", lambda folder: folder.absolute() != ro.absolute())
+    code, err = cli(capsys, "run", "--out", ro)
+    assert code == 2 and err == f"kvsim: error: --out {ro}: folder is not writable"
+    code, err = cli(capsys, "run", "--out", ro / "new" / "run")
+    assert code == 2 and err == (f"kvsim: error: --out {ro / 'new' / 'run'}: cannot be created, "
+                                 f"folder {ro} is not writable")
+
+
+def test_a_good_new_output_folder_is_created(tmp_path, capsys):
+    out = tmp_path / "a" / "b" / "run"
+    assert main(["run", "--quiet", "--set", "workload.num_requests=5", "--out", str(out)]) == 0
+    assert (out / "summary.json").is_file()
+
+
+# -- every command: a few bad inputs, each one line and exit 2 ---------------------------------------
+
+BAD_INPUTS = [
+    (["run", "--set", "foo"], "--set expects key=value, got 'foo'"),
+    (["run", "--seeds", "0"], "--seeds must be an integer >= 1, got 0"),
+    (["run", "--seed", "abc"], "kvsim run: error: argument --seed: invalid int value: 'abc'"),
+    (["run", "--metrics-interval-s", "-1"], "interval_s must be a number >= 0.001"),
+    (["run", "--bogus"], "kvsim run: error: unrecognized arguments: --bogus"),
+    (["workload", "inspect", "nosuch.csv", "--no-png"], "trace nosuch.csv: not found"),
+    (["workload", "inspect", "nosuch.yaml", "--no-png"], "config file nosuch.yaml: not found"),
+    (["workload", "inspect", REPO / "workloads" / "chat.yaml", "--set", "nosuch=3", "--no-png"],
+     "unknown key 'nosuch'"),
+    (["workload", "inspect", REPO / "workloads" / "chat.yaml", "--format", "azure", "--no-png"],
+     "--format azure: "),
+    (["workload", "inspect", REPO / "workloads" / "sample_trace.csv", "--format", "nosuch", "--no-png"],
+     "unknown trace format 'nosuch'"),
+    (["plot", "nosuch"], "nosuch is not a run directory"),
+    (["report", "nosuch"], "run directory nosuch not found"),
+    (["calibrate", "--profiles", "nosuch"], "--profiles nosuch: not found"),
+    (["calibrate", "--profiles", REPO, "--fit-date", "2024-13-45", "--dry-run"],
+     "--fit-date 2024-13-45: not a calendar date"),
+    (["profile", "--model", "nosuch", "--gpu", "h100"], "unknown model 'nosuch'"),
+    (["profile", "--model", "llama-3.1-8b", "--gpu", "a b"], "--gpu must be a plain folder name"),
+    (["profile", "--model", "llama-3.1-8b", "--gpu", "h100", "--tp", "0"], "argument --tp"),
+    (["profile", "--model", "llama-3.1-8b", "--gpu", "h100", "--repeats", "0"], "--repeats must be >= 1"),
+    (["parity", "--case", "nosuch"], "--case 'nosuch': unknown; valid: fcfs-nocache"),
+    (["parity", "--case", "all", "--num-requests", "0"], "--num-requests must be an integer >= 1"),
+    (["parity", "nosuch.yaml"], "config file nosuch.yaml: not found"),
+    (["sweep", "--grid", "foo"], "--grid expects key=v1,v2,..., got 'foo'"),
+    (["sweep", "--grid", "engine.block_size=8", "--workers", "0"], "--workers must be an integer >= 1"),
+    (["sweep", "--grid", "engine.block_size=8", "--backend", "rya"], "argument --backend: invalid choice"),
+    (["sweep", "--grid", "engine.block_size=8", "--x", "nosuch"], "plot axis 'nosuch' is not a grid key"),
+    (["plan", "--rate", "0"], "--rate must be > 0 req/s, got 0"),
+    (["plan", "--rate", "5", "--gpus", "nosuch"], "unknown GPU 'nosuch'"),
+    (["plan", "--rate", "5", "--tp", "x"], "--tp expects comma-separated integers >= 1"),
+    (["plan", "--rate", "5", "--slo", "ttft_p9=1"], "--slo: unknown key 'ttft_p9'"),
+    (["plan"], "the following arguments are required: --rate"),
+    (["regress", "--suite", "nosuch"], "regress suite nosuch: no such folder or file"),
+    (["regress", "--suite", REPO / "regress", "--only", "nosuch"], "--only nosuch: no such scenario"),
+    (["experiment", "nosuch"], "unknown experiment 'nosuch'"),
+    (["nosuch"], "unknown command 'nosuch'"),
+]
+
+
+@pytest.mark.parametrize("args,expected", BAD_INPUTS,
+                         ids=[" ".join(map(str, a[:3]))[-60:] for a, _ in BAD_INPUTS])
+def test_every_command_bad_input_is_one_line(capsys, tmp_path, monkeypatch, no_simulation, args, expected):
+    monkeypatch.chdir(tmp_path)
+    code, err = cli(capsys, *args)
+    assert code == 2, err
+    assert len(err.splitlines()) == 1, err
+    assert "Traceback" not in err and expected in err

@@ -10,33 +10,30 @@ nearest measured GPU, marked `status: extrapolated`.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.table import Table
-
-from simulator.calibration.fit import (
-    GpuFit,
-    catalogue_gpus,
-    extrapolated_section,
-    fit_gpu,
-    gpu_folders,
-    measured_section,
-    parity_plot,
-    profile_path,
-    profiles_dir,
-    transfer_errors,
-    write_calibration,
-)
+from simulator.cli.common import check_in_dir, check_out_dir, make_console
 from simulator.errors import ConfigError
-from simulator.hardware.gpus import get_gpu
+
+if TYPE_CHECKING:
+    from simulator.calibration.fit import GpuFit
+
+DESCRIPTION = """Fit the cost model of one or more GPUs to measured kernel timings (Vidur's
+profiling layout: compute/<gpu>/<org>/<model>/mlp.csv, attention.csv, network/...). Prints
+the error per operator and a leave-one-model-out check, draws a parity plot, and writes
+the `calibration:` section of gpu_profiles/<gpu>.yaml. Without --gpu every GPU folder is
+fitted, and every catalogue GPU without measurements gets parameters transferred from its
+nearest measured GPU (marked `status: extrapolated`)."""
+
+EPILOG = """examples:
+  kvsim calibrate --profiles ../shared/data/kernels --dry-run
+  kvsim calibrate --profiles profiles --gpu h200 --fit-date 2025-01-31"""
 
 
-def register(sub) -> None:
-    p = sub.add_parser("calibrate", help="fit cost-model parameters to measured kernel timings",
-                       description=__doc__)
+def register(sub, help: str) -> None:
+    p = sub.add_parser("calibrate", help=help, description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("--profiles", required=True, metavar="DIR",
                    help="profiling data in Vidur's layout, e.g. ../shared/data/kernels")
     p.add_argument("--gpu", metavar="NAME",
@@ -60,7 +57,9 @@ def _pct(x: float) -> str:
     return f"{x:.1f}"
 
 
-def print_op_table(console: Console, fits: list[GpuFit]) -> None:
+def print_op_table(console, fits: list[GpuFit]) -> None:
+    from rich.table import Table
+
     table = Table(title="in-sample error per operator: MAPE % (p95 %)", title_justify="left")
     table.add_column("op")
     for f in fits:
@@ -75,7 +74,9 @@ def print_op_table(console: Console, fits: list[GpuFit]) -> None:
     console.print(table)
 
 
-def print_lomo_table(console: Console, fits: list[GpuFit]) -> None:
+def print_lomo_table(console, fits: list[GpuFit]) -> None:
+    from rich.table import Table
+
     for f in fits:
         if not f.lomo:
             console.print(f"{f.gpu.name}: one model only, no leave-one-model-out check", highlight=False)
@@ -89,7 +90,7 @@ def print_lomo_table(console: Console, fits: list[GpuFit]) -> None:
         console.print(table)
 
 
-def print_network(console: Console, fits: list[GpuFit]) -> None:
+def print_network(console, fits: list[GpuFit]) -> None:
     for f in fits:
         n = f.network
         if n is None:
@@ -100,16 +101,39 @@ def print_network(console: Console, fits: list[GpuFit]) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    profiles = Path(args.profiles)
-    if not profiles.is_dir():
-        raise ConfigError(f"--profiles {profiles}: not a directory")
+    import datetime as dt
+
+    from rich.table import Table
+
+    from simulator.calibration.fit import (
+        catalogue_gpus,
+        extrapolated_section,
+        fit_gpu,
+        gpu_folders,
+        measured_section,
+        parity_plot,
+        profile_path,
+        profiles_dir,
+        transfer_errors,
+        write_calibration,
+    )
+    from simulator.hardware.gpus import get_gpu
+
+    profiles = check_in_dir(args.profiles, "--profiles")
     fit_date = args.fit_date or dt.date.today().isoformat()
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", fit_date):
         raise ConfigError(f"--fit-date must be YYYY-MM-DD, got {fit_date!r}")
+    try:
+        dt.date.fromisoformat(fit_date)
+    except ValueError:
+        raise ConfigError(f"--fit-date {fit_date}: not a calendar date") from None
     if args.target and not args.gpu:
         raise ConfigError("--target needs --gpu (which data folder the target's fit comes from)")
+    check_out_dir(args.report_dir, "--report-dir")
+    if not args.dry_run:
+        check_out_dir(args.out_profiles, "--out-profiles")
     out_dir = Path(args.out_profiles) if args.out_profiles else profiles_dir()
-    console = Console()
+    console = make_console()
     names = [args.gpu] if args.gpu else gpu_folders(profiles)
     target = get_gpu(args.target) if args.target else None
     # 1. fit every GPU first: nothing is written unless all fits succeed

@@ -1,44 +1,90 @@
-"""`kvsim` command line. Each subcommand lives in its own module exposing `register(sub)`;
-add a new one to SUBCOMMANDS. ConfigError -> one line on stderr, exit 2."""
+"""`kvsim`: the command line. COMMANDS names each command and what it does for its user; the
+command lives in simulator/cli/<name>.py, whose `register(sub, help)` adds its options and whose
+`main(args)` runs it. Command modules import only the standard library at module level (the
+engine, pandas, matplotlib, rich only inside `main`), so `kvsim --help` and every
+`kvsim COMMAND --help` answer at once. Bad input (ConfigError) -> one line on stderr, exit 2."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from simulator import __version__
-from simulator.errors import ConfigError
+from simulator.cli.common import Parser
+from simulator.errors import ConfigError, did_you_mean
 
-SUBCOMMANDS = ["simulator.cli.run", "simulator.cli.workload", "simulator.cli.plot",
-               "simulator.cli.report", "simulator.cli.calibrate", "simulator.cli.profile",
-               "simulator.cli.parity", "simulator.cli.sweep", "simulator.cli.plan",
-               "simulator.cli.regress", "simulator.cli.experiment"]
+# command -> one line for `kvsim --help`, in the order a new user needs them
+COMMANDS = {
+    "run": "simulate serving a workload: latency, throughput, KV-cache use",
+    "workload": "look at a trace or workload YAML: rate, lengths, sessions, a plot",
+    "report": "write one self-contained HTML page of a run, to share",
+    "plot": "draw the PNG plots of a run",
+    "sweep": "run a grid of configs in parallel and compare them",
+    "plan": "find the cheapest GPU x tensor-parallel x replicas for a rate and SLO",
+    "regress": "check simulated figures against a committed baseline (CI)",
+    "parity": "compare kvsim's scheduler with vLLM's own, step by step",
+    "experiment": "rerun an experiment that checks a published claim",
+    "calibrate": "fit a GPU's cost model to measured kernel timings",
+    "profile": "measure a model's kernel timings on this machine (needs torch)",
+}
+
+DESCRIPTION = """Simulate LLM serving with vLLM's scheduling and KV-cache semantics, without a GPU:
+the latency, throughput and memory a model, GPU and workload give, in seconds."""
+
+EPILOG = """common invocations:
+  kvsim run                                  the built-in example: Llama-3.1-8B on an H100
+  kvsim run my.yaml --set workload.arrival.rate=20 --out runs/r20
+  kvsim report runs/r20                      an HTML page of that run
+
+`kvsim COMMAND --help` shows a command's options and examples."""
+
+
+def _commands_text() -> str:
+    width = max(map(len, COMMANDS)) + 2
+    return "commands:\n" + "\n".join(f"  {name:<{width}}{line}" for name, line in COMMANDS.items())
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvsim", description=__doc__.splitlines()[0])
+    """The whole parser, every command's options included (command modules are light)."""
+    parser = Parser(prog="kvsim", usage="kvsim [-h] [--version] COMMAND ...",
+                    description=f"{DESCRIPTION}\n\n{_commands_text()}", epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"kvsim {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in SUBCOMMANDS:
-        importlib.import_module(name).register(sub)
+    parser.set_defaults(func=None)
+    # NOTE: the command list is the description above; argparse's own would print a bare
+    # "COMMAND" line and wrap the help of the longer command names
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", help=argparse.SUPPRESS, prog="kvsim")
+    for name, help_line in COMMANDS.items():
+        importlib.import_module(f"simulator.cli.{name}").register(sub, help_line)
+    parser.commands = sub.choices
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        parser.error(f"unknown command {argv[0]!r}{did_you_mean(argv[0], list(COMMANDS))}; "
+                     f"commands: {', '.join(COMMANDS)}")
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the command's own parser, so its --help is the one suggested
+        parser.commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.func is None:
         parser.print_help()
         return 2
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:
+        sys.stdout.flush()
         print(f"kvsim: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kvsim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `kvsim ... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
 
 
 if __name__ == "__main__":

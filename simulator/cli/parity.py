@@ -9,14 +9,9 @@ Exit status 0 when every run is identical, 1 otherwise."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
-from simulator.analysis.parity import CASES, PairResult, case_config, run_pair
-from simulator.config.schema import build_config
+from simulator.cli.common import check_out_dir, check_out_file, make_console
 from simulator.errors import ConfigError
 
 METRICS = (("TTFT p50 s", ("latency_s", "ttft", "p50")), ("TTFT p99 s", ("latency_s", "ttft", "p99")),
@@ -25,14 +20,26 @@ METRICS = (("TTFT p50 s", ("latency_s", "ttft", "p50")), ("TTFT p99 s", ("latenc
            ("req/s", ("throughput", "requests_per_s")),
            ("preempted reqs", ("requests", "preempted_at_least_once")))
 
+DESCRIPTION = """Run the same workload on kvsim's scheduler and on vLLM's own (engine.backend vllm,
+same cost model) and compare their step traces: prints "identical" or the first step where
+they diverge with both sides' decisions, the end-to-end metrics of both, and how much
+slower vLLM's scheduler loop is. Without --case the config (YAML / --set) runs as given;
+with --case, one of the parity matrix's workloads (--seeds seeds each, --num-requests
+requests). Exit status 0 when every run is identical, 1 otherwise. Needs the vllm extra
+(docs/parity.md)."""
 
-def register(sub) -> None:
-    p = sub.add_parser("parity", help="kvsim's scheduler vs vLLM's own, step by step",
-                       description=__doc__)
+EPILOG = """examples:
+  kvsim parity --case all --seeds 3
+  kvsim parity my.yaml --set workload.num_requests=300 --trace-dir runs/parity"""
+
+
+def register(sub, help: str) -> None:
+    p = sub.add_parser("parity", help=help, description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("config", nargs="?", help="YAML config (default: built-in)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field (as kvsim run)")
-    p.add_argument("--case", help=f"a parity workload: {', '.join(CASES)}, or all")
+    p.add_argument("--case", help="a parity workload (fcfs-nocache, fcfs-cache, priority-nocache, "
+                                  "priority-cache), or all")
     p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     p.add_argument("--seeds", type=int, default=1, metavar="N", help="seeds per case (default 1)")
     p.add_argument("--num-requests", type=int, default=500, metavar="N",
@@ -49,29 +56,42 @@ def _get(summary: dict, path: tuple[str, ...]):
     return summary
 
 
-def _runs(args):
+def _configs(args) -> list:
+    """(case, seed, SimConfig) of every run, all built (and so validated) before the first runs."""
+    from simulator.analysis.parity import CASES, case_config
+    from simulator.config.schema import build_config
+
     if args.case is None:
-        yield "config", args.seed, build_config(args.config, args.overrides, {"seed": args.seed})
-        return
+        return [("config", args.seed, build_config(args.config, args.overrides, {"seed": args.seed}))]
     if args.config:
         raise ConfigError("kvsim parity: give a CONFIG or --case, not both")
+    if args.case != "all" and args.case not in CASES:
+        raise ConfigError(f"--case {args.case!r}: unknown; valid: {', '.join(CASES)}, all")
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds must be an integer >= 1, got {args.seeds}")
+    if args.num_requests < 1:
+        raise ConfigError(f"--num-requests must be an integer >= 1, got {args.num_requests}")
     cases = list(CASES) if args.case == "all" else [args.case]
-    if isinstance(args.seeds, bool) or args.seeds < 1:
-        raise ConfigError(f"--seeds must be an integer >= 1, got {args.seeds!r}")
-    for case in cases:
-        for seed in range(args.seed, args.seed + args.seeds):
-            yield case, seed, case_config(case, seed, args.num_requests, args.overrides)
+    return [(case, seed, case_config(case, seed, args.num_requests, args.overrides))
+            for case in cases for seed in range(args.seed, args.seed + args.seeds)]
 
 
 def main(args) -> int:
+    import json
+
+    from simulator.analysis.parity import run_pair
     from simulator.backends.vllm import VLLM_VERSION, import_vllm, vllm_version
+
+    runs = _configs(args)
+    check_out_dir(args.trace_dir, "--trace-dir")
+    check_out_file(args.json_out, "--json")
     import_vllm()  # a missing vLLM: one line on how to install the extra
-    console = Console(width=160)  # the metrics table stays readable when piped
+    console = make_console()
     console.print(f"vLLM {vllm_version()} (parity verified against {VLLM_VERSION}); sync Scheduler",
                   highlight=False)
     rows, all_identical = [], True
     total = {"kvsim": 0.0, "vllm": 0.0}
-    for case, seed, config in _runs(args):
+    for case, seed, config in runs:
         pair = run_pair(config)
         walls = {b: pair.results[b].wall_s for b in ("kvsim", "vllm")}
         for b in total:
@@ -102,7 +122,7 @@ def main(args) -> int:
     return 0 if all_identical else 1
 
 
-def _row(case: str, seed: int, pair: PairResult, walls: dict[str, float]) -> dict:
+def _row(case: str, seed: int, pair, walls: dict[str, float]) -> dict:
     return {"case": case, "seed": seed, "identical": pair.identical,
             "divergence": None if pair.identical else list(pair.divergence),
             "steps": {b: len(pair.traces[b]) for b in ("kvsim", "vllm")},
@@ -111,7 +131,9 @@ def _row(case: str, seed: int, pair: PairResult, walls: dict[str, float]) -> dic
                         for b in ("kvsim", "vllm")}}
 
 
-def _print_metrics(console: Console, rows: list[dict]) -> None:
+def _print_metrics(console, rows: list[dict]) -> None:
+    from rich.table import Table
+
     table = Table(title="end-to-end metrics, kvsim | vllm (same cost model)")
     table.add_column("case / seed")
     for name, _ in METRICS:

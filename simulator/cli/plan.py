@@ -11,34 +11,35 @@ at R (OUT/plan.json). The config gives the model and the workload (a trace or ge
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
-from simulator.analysis.plan import (
-    SLO_FIELDS,
-    Planner,
-    PlanSettings,
-    PlanSlo,
-    confirm_ranking,
-    parse_candidates,
-    plot_plan,
-)
-from simulator.config.schema import load_config, parse_value
+from simulator.cli.common import check_out_dir, make_console
 from simulator.errors import ConfigError, did_you_mean
-from simulator.metrics.summary import clean_floats
+
+# for --help only: analysis.plan.SLO_FIELDS validates (tests/test_cli_help.py keeps the two in step)
+SLO_KEYS = ("ttft_p99_s", "tpot_p99_s", "min_goodput_share")
+
+DESCRIPTION = """Find the cheapest way to serve R req/s within an SLO. For each GPU type x
+tensor-parallel candidate: the highest request rate one replica sustains within the SLO (every
+seed), the replicas needed for R req/s, $/hour and $ per million output tokens; then the
+winner is confirmed by simulating the whole cluster at R. The config gives the model and the
+workload (a trace or generators). Writes OUT/plan.csv, plan.parquet, plan.json, probes.csv and
+OUT/plan_latency.png (p99 latency vs rate per candidate)."""
+
+EPILOG = """examples:
+  kvsim plan workloads/chat.yaml --rate 50
+  kvsim plan my.yaml --rate 20 --gpus a100-80gb,h100-sxm --tp 1,2 --slo ttft_p99_s=1 --workers 2
+  kvsim plan my.yaml --rate 20 --candidate h100-sxm:2 --price h100-sxm=2.5"""
 
 
-def register(sub) -> None:
-    p = sub.add_parser("plan", help="capacity plan: GPU type x TP x replicas for a rate and SLO",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def register(sub, help: str) -> None:
+    p = sub.add_parser("plan", help=help, description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("config", nargs="?", help="YAML config: model and workload (trace or generators)")
     p.add_argument("--rate", type=float, required=True, help="target request rate (req/s)")
     p.add_argument("--slo", action="append", default=[], metavar="KEY=VALUE",
-                   help=f"SLO: {', '.join(SLO_FIELDS)} (default ttft_p99_s=2, tpot_p99_s=0.1)")
-    p.add_argument("--gpus", default="l4,a100-80gb,h100-sxm,h200", help="comma-separated GPU names")
+                   help=f"SLO: {', '.join(SLO_KEYS)} (default ttft_p99_s=2, tpot_p99_s=0.1)")
+    p.add_argument("--gpus", default="l4,a100-80gb,h100-sxm,h200",
+                   help="comma-separated GPU names (default l4,a100-80gb,h100-sxm,h200)")
     p.add_argument("--tp", default="1", help="comma-separated TP degrees (default 1)")
     p.add_argument("--candidate", action="append", default=[], metavar="GPU:TP",
                    help="explicit candidates instead of --gpus x --tp")
@@ -46,21 +47,28 @@ def register(sub) -> None:
                    help="$/GPU-hour for a GPU (default: price_per_hour in its profile)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field")
-    p.add_argument("--seeds", type=int, default=2, help="probe simulations per rate (default 2)")
-    p.add_argument("--requests", type=int, default=400, help="requests per probe (default 400)")
-    p.add_argument("--cluster-requests", type=int, default=1500,
+    p.add_argument("--seeds", type=int, default=2, metavar="N",
+                   help="probe simulations per rate (default 2)")
+    p.add_argument("--requests", type=int, default=400, metavar="N",
+                   help="requests per probe (default 400)")
+    p.add_argument("--cluster-requests", type=int, default=1500, metavar="N",
                    help="requests in the confirming cluster simulation (default 1500)")
-    p.add_argument("--router", default="least_outstanding", help="router of the cluster check")
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--backend", default="local")
-    p.add_argument("--address", default=None)
+    p.add_argument("--router", default="least_outstanding",
+                   help="router of the cluster check (default least_outstanding)")
+    p.add_argument("--workers", type=int, default=1, metavar="K", help="parallel workers (default 1)")
+    p.add_argument("--backend", default="local", choices=["local", "ray"],
+                   help="local (process pool, default) or ray")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster address (host:port); default: a local Ray instance")
     p.add_argument("--no-confirm", action="store_true", help="skip the cluster simulation")
-    p.add_argument("--out", default="runs/plan")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--out", default="runs/plan", metavar="DIR", help="output directory (default runs/plan)")
+    p.add_argument("--quiet", action="store_true", help="print only the output directory")
     p.set_defaults(func=main)
 
 
 def _pairs(items: list[str], what: str) -> dict[str, object]:
+    from simulator.config.schema import parse_value
+
     out = {}
     for item in items:
         if "=" not in item:
@@ -70,8 +78,9 @@ def _pairs(items: list[str], what: str) -> dict[str, object]:
     return out
 
 
-def build_planner(args: argparse.Namespace, log) -> Planner:
-    from simulator.config.schema import apply_override, from_dict
+def build_planner(args: argparse.Namespace, log):
+    from simulator.analysis.plan import SLO_FIELDS, Planner, PlanSettings, PlanSlo, parse_candidates
+    from simulator.config.schema import apply_override, from_dict, load_config
 
     data = load_config(args.config)
     data.pop("sweep", None)
@@ -96,8 +105,10 @@ def build_planner(args: argparse.Namespace, log) -> Planner:
             raise ConfigError(f"--tp expects comma-separated integers >= 1, got {args.tp!r}")
         tps.append(int(t))
     cands = parse_candidates([g.strip() for g in args.gpus.split(",") if g.strip()], tps, args.candidate)
+    if not args.rate > 0:
+        raise ConfigError(f"--rate must be > 0 req/s, got {args.rate:g}")
     for name, n, lo in (("--seeds", args.seeds, 1), ("--requests", args.requests, 10),
-                        ("--cluster-requests", args.cluster_requests, 10)):
+                        ("--cluster-requests", args.cluster_requests, 10), ("--workers", args.workers, 1)):
         if n < lo:
             raise ConfigError(f"{name} must be >= {lo}, got {n}")
     settings = PlanSettings(target_rate=args.rate, slo=slo, seeds=args.seeds, requests=args.requests,
@@ -110,8 +121,14 @@ def build_planner(args: argparse.Namespace, log) -> Planner:
 
 
 def main(args: argparse.Namespace) -> int:
-    err = Console(stderr=True)
+    import json
+
+    from simulator.analysis.plan import confirm_ranking, plot_plan
+    from simulator.metrics.summary import clean_floats
+
+    err = make_console(stderr=True)
     log = (lambda s: None) if args.quiet else (lambda s: err.print(s, highlight=False))
+    check_out_dir(args.out, "--out")
     planner = build_planner(args, log)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -135,18 +152,16 @@ def main(args: argparse.Namespace) -> int:
     if args.quiet:
         print(out)
         return 0
-    print_plan(_console(), table, args.rate, planner.s.slo, confirmation)
-    _console().print(f"wrote {out}/plan.csv, plan.parquet, plan.json, probes.csv"
-                    + (f", {png}" if png else ""), highlight=False)
+    con = make_console()
+    print_plan(con, table, args.rate, planner.s.slo, confirmation)
+    con.print(f"wrote {out}/plan.csv, plan.parquet, plan.json, probes.csv"
+              + (f", {png}" if png else ""), highlight=False)
     return 0
 
 
-def _console() -> Console:
-    c = Console()
-    return c if c.is_terminal else Console(width=160)  # logs and pipes: no wrapped cells
+def print_plan(console, table, rate: float, slo, confirmation) -> None:
+    from rich.table import Table
 
-
-def print_plan(console: Console, table, rate: float, slo: PlanSlo, confirmation) -> None:
     parts = [f"p99 TTFT <= {slo.ttft_p99_s:g} s" if slo.ttft_p99_s else "",
              f"p99 TPOT <= {slo.tpot_p99_s * 1e3:g} ms" if slo.tpot_p99_s else "",
              f"goodput share >= {slo.min_goodput_share:g}" if slo.min_goodput_share else ""]

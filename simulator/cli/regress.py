@@ -10,34 +10,37 @@ docs/regress.md describes the files and how to wire this into CI."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.table import Table
-
-from simulator.analysis.regress import (
-    Outcome,
-    allowed_text,
-    change_text,
-    fmt,
-    load_baseline,
-    load_suite,
-    run_suite,
-    write_baseline,
-    write_junit,
-)
+from simulator.cli.common import check_out_file, make_console
 from simulator.errors import ConfigError
+
+if TYPE_CHECKING:
+    from simulator.analysis.regress import Outcome
 
 STYLE = {"ok": "green", "improved": "cyan", "regressed": "bold red", "new": "yellow"}
 
+DESCRIPTION = """Check simulated figures against a committed baseline, as a CI step: runs every
+scenario of the suite (default: regress/), compares each chosen metric with the baseline
+(default: SUITE/baseline.json) under its tolerance and direction, and prints the diff
+table. Exit status 1 when a metric regressed or has no baseline value, 0 otherwise, 2 on
+bad input. --update rewrites the baseline from this run (review the diff before committing);
+--set applies an override to every simulation of the suite, to see what a change would do.
+docs/regress.md describes the files and how to wire this into CI."""
 
-def register(sub) -> None:
-    p = sub.add_parser("regress", help="check simulated figures against a committed baseline",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+EPILOG = """examples:
+  kvsim regress --quiet
+  kvsim regress --set engine.block_size=32            what would this change do?
+  kvsim regress --update                              accept the new figures"""
+
+
+def register(sub, help: str) -> None:
+    p = sub.add_parser("regress", help=help, description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("--suite", default="regress", help="folder of scenario YAMLs, or one file "
                    "(default: regress)")
-    p.add_argument("--baseline", default=None, help="baseline JSON (default: SUITE/baseline.json)")
+    p.add_argument("--baseline", default=None, metavar="FILE",
+                   help="baseline JSON (default: SUITE/baseline.json)")
     p.add_argument("--update", action="store_true", help="rewrite the baseline from this run")
     p.add_argument("--junit", default=None, metavar="FILE", help="write JUnit XML for CI")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -54,6 +57,9 @@ def default_baseline(suite: str | Path) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
+    from simulator.analysis.regress import load_baseline, load_suite, run_suite, write_baseline, write_junit
+
+    check_out_file(args.junit, "--junit")
     scenarios = load_suite(args.suite)
     if args.only:
         names = {s.name for s in scenarios}
@@ -62,12 +68,13 @@ def main(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--only {n}: no such scenario; valid: {', '.join(sorted(names))}")
         scenarios = [s for s in scenarios if s.name in args.only]
     baseline_path = Path(args.baseline) if args.baseline else default_baseline(args.suite)
+    if args.update:
+        check_out_file(baseline_path, "--baseline")
     baseline = None
     if not args.update or baseline_path.is_file():
         baseline = load_baseline(baseline_path) if not args.update else _try_load(baseline_path)
-    # CI logs are not terminals: rich would wrap at 80 columns and cut the metric names
-    console = Console() if sys.stdout.isatty() else Console(width=200)
-    err = Console(stderr=True)
+    console = make_console()  # CI logs are not terminals: wide, so the metric names stay whole
+    err = make_console(stderr=True)
 
     def progress(s, wall):
         if not args.quiet:
@@ -101,13 +108,19 @@ def main(args: argparse.Namespace) -> int:
 
 def _try_load(path: Path):
     """--update over a baseline of another schema rewrites it rather than failing."""
+    from simulator.analysis.regress import load_baseline
+
     try:
         return load_baseline(path)
     except ConfigError:
         return None
 
 
-def print_table(console: Console, outcome: Outcome, quiet: bool = False) -> None:
+def print_table(console, outcome: Outcome, quiet: bool = False) -> None:
+    from rich.table import Table
+
+    from simulator.analysis.regress import allowed_text, change_text, fmt
+
     if quiet and not outcome.failed:
         return
     table = Table(title="kvsim regress", show_lines=False)

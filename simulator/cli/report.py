@@ -6,17 +6,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from simulator.report.html import write_report
+from simulator.cli.common import check_out_file
+
+DESCRIPTION = """Write one self-contained HTML page of a run directory (its config, summary,
+alerts and plots, embedded), to attach to a capacity review or share."""
 
 
-def register(sub) -> None:
-    p = sub.add_parser("report", help="write a self-contained HTML report of a run directory",
-                       description=__doc__)
+def register(sub, help: str) -> None:
+    p = sub.add_parser("report", help=help, description=DESCRIPTION)
     p.add_argument("run_dir", help="a directory written by `kvsim run --out`")
-    p.add_argument("--out", help="output file (default RUN_DIR/report.html)")
+    p.add_argument("--out", metavar="FILE", help="output file (default RUN_DIR/report.html)")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
+    from simulator.report.html import write_report
+
+    check_out_file(args.out, "--out")
     print(write_report(Path(args.run_dir), args.out))
     return 0

@@ -1,6 +1,8 @@
 """`kvsim run [CONFIG.yaml] [--set key=value ...] [--seed N] [--seeds N] [--out DIR]` and vLLM's
 flag names.
 
+The setup lines (model, memory plan, blocks, cost model) are printed as soon as the engine is
+built, before the simulation (as vLLM logs them at start-up), then the summary at the end.
 --seeds N runs seeds seed, seed+1, ..., seed+N-1 (each identical to `--seed s` on its own),
 writes each to OUT/seed_<s>/ and the mean and 95 % t-interval over seeds of every summary
 metric to OUT/seeds_summary.json (metrics.aggregate_seeds)."""
@@ -8,20 +10,11 @@ metric to OUT/seeds_summary.json (metrics.aggregate_seeds)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
-import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
-from simulator.config.schema import build_config
-from simulator.engine.run import run
+from simulator.cli.common import check_out_dir, check_out_file, make_console, rejections_table
 from simulator.errors import ConfigError
-from simulator.metrics.summary import aggregate_seeds, clean_floats
-from simulator.metrics.timeseries import check_interval
 
 # vLLM CLI flag -> engine field
 VLLM_FLAGS = {
@@ -33,9 +26,22 @@ VLLM_FLAGS = {
     "--tensor-parallel-size": ("tensor_parallel_size", int),
 }
 
+DESCRIPTION = """Simulate serving a workload: requests arrive, vLLM's scheduler batches them, the
+KV cache fills and frees, and a calibrated cost model times every step. Prints the setup
+(model, memory, KV blocks, cost model) at start and a summary at the end (latency
+percentiles, throughput, KV use, preemptions, SLO share, alerts); writes the run directory
+(summary.json, requests.parquet, iterations.parquet, config.yaml, timeseries.parquet,
+openmetrics.txt, alerts.json)."""
 
-def register(sub) -> None:
-    p = sub.add_parser("run", help="simulate one replica", description=__doc__)
+EPILOG = """examples:
+  kvsim run                                            built-in Llama-3.1-8B on an H100
+  kvsim run workloads/chat.yaml --gpu a100-80gb --out runs/chat
+  kvsim run --set workload.arrival.rate=20 --block-size 32 --max-num-seqs 128
+  kvsim run my.yaml --seeds 5                          mean and 95% intervals over 5 seeds"""
+
+
+def register(sub, help: str) -> None:
+    p = sub.add_parser("run", help=help, description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("config", nargs="?", help="YAML config (default: built-in Llama-3.1-8B on H100)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set engine.block_size=32 or "
@@ -45,20 +51,22 @@ def register(sub) -> None:
                    help="run N seeds (seed, seed+1, ...) and report mean and 95%% interval")
     p.add_argument("--metrics-interval-s", type=float, default=1.0, metavar="S",
                    help="sampling interval of timeseries.parquet / openmetrics.txt (default 1 s)")
-    p.add_argument("--model", help="model name or path to a Hugging Face config.json")
-    p.add_argument("--gpu", help="GPU profile name or path")
-    p.add_argument("--out", default="runs/latest", help="output directory (default runs/latest)")
+    p.add_argument("--model", help="model name (e.g. llama-3.1-8b) or path to a Hugging Face config.json")
+    p.add_argument("--gpu", help="GPU profile name (e.g. h100, a100-80gb) or path to a profile YAML")
+    p.add_argument("--out", default="runs/latest", metavar="DIR",
+                   help="output directory (default runs/latest)")
     p.add_argument("--quiet", action="store_true", help="print only the output directory")
     p.add_argument("--trace-steps", metavar="FILE", help="write each step's decisions as JSONL "
                    "(scheduled tokens, preemptions, admissions with prefix hits, finishes, KV "
-                   "usage; simulator/engine/steptrace.py), for either engine.backend")
-    for flag, (_, typ) in VLLM_FLAGS.items():
-        p.add_argument(flag, type=typ, help=f"vLLM flag (engine.{VLLM_FLAGS[flag][0]})")
+                   "usage), for either engine.backend")
+    vllm = p.add_argument_group("vLLM engine flags (same names as `vllm serve`)")
+    for flag, (field, typ) in VLLM_FLAGS.items():
+        vllm.add_argument(flag, type=typ, metavar=typ.__name__.upper(), help=f"engine.{field}")
     p.set_defaults(func=main)
 
 
-def _progress_factory(console: Console):
-    """A progress bar that appears only once a run has taken more than ~2 s of wall time."""
+def _progress_factory(err):
+    """A progress bar on stderr that appears only once a run has taken more than ~2 s of wall time."""
     state = {"t0": time.perf_counter(), "bar": None, "task": None, "n": 0}
 
     def update(done: int, total: int) -> None:
@@ -69,7 +77,7 @@ def _progress_factory(console: Console):
             if time.perf_counter() - state["t0"] < 2.0:
                 return
             from rich.progress import Progress
-            state["bar"] = Progress(console=console, transient=True)
+            state["bar"] = Progress(console=err, transient=True)
             state["bar"].start()
             state["task"] = state["bar"].add_task("simulating", total=total)
         state["bar"].update(state["task"], completed=done)
@@ -81,7 +89,18 @@ def _progress_factory(console: Console):
     return update, stop
 
 
+def print_setup(out, setup) -> None:
+    """The setup lines, flushed at once: a piped or logged long run shows them before it starts."""
+    for line in setup.lines():
+        out.print(line, highlight=False)
+    out.file.flush()
+
+
 def main(args: argparse.Namespace) -> int:
+    from simulator.config.schema import build_config
+    from simulator.engine.run import run
+    from simulator.metrics.timeseries import check_interval
+
     extra = {}
     for flag, (field, _) in VLLM_FLAGS.items():
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
@@ -95,18 +114,26 @@ def main(args: argparse.Namespace) -> int:
         extra["gpu"] = args.gpu
     config = build_config(args.config, args.overrides, extra)
     check_interval(args.metrics_interval_s)
-    if isinstance(args.seeds, bool) or not isinstance(args.seeds, int) or args.seeds < 1:
-        raise ConfigError(f"--seeds must be an integer >= 1, got {args.seeds!r}")
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds must be an integer >= 1, got {args.seeds}")
+    check_out_dir(args.out, "--out")
+    check_out_file(args.trace_steps, "--trace-steps")
     if args.seeds > 1:
         return _main_seeds(args, config)
-    err = Console(stderr=True)
-    update, stop = _progress_factory(err)
+    out_console = make_console()
+    update, stop = _progress_factory(make_console(stderr=True))
     trace = None
     if args.trace_steps:
         from simulator.engine.steptrace import StepTrace
         trace = StepTrace()
+    shown = []
+
+    def on_setup(setup) -> None:
+        shown.append(setup)
+        if not args.quiet:
+            print_setup(out_console, setup)
     try:
-        result = run(config, progress=None if args.quiet else update, trace=trace)
+        result = run(config, progress=None if args.quiet else update, trace=trace, on_setup=on_setup)
     finally:
         stop()
     out = result.write(Path(args.out), interval_s=args.metrics_interval_s)
@@ -115,24 +142,33 @@ def main(args: argparse.Namespace) -> int:
     if args.quiet:
         print(out)
         return 0
-    console = Console()
-    for line in result.setup.lines():
-        console.print(line, highlight=False)
-    print_summary(console, result.summary)
-    console.print(f"wrote {out}/summary.json, requests.parquet, iterations.parquet, config.yaml, "
-                  f"timeseries.parquet, openmetrics.txt, alerts.json "
-                  f"(simulated in {result.wall_s:.1f} s wall); `kvsim report {out}` for a report",
-                  highlight=False)
+    if not shown:  # NOTE: an engine whose run() does not call on_setup (clusters, before the merge)
+        print_setup(out_console, result.setup)
+    print_summary(out_console, result.summary)
+    out_console.print(f"wrote {out}/summary.json, requests.parquet, iterations.parquet, config.yaml, "
+                      f"timeseries.parquet, openmetrics.txt, alerts.json "
+                      f"(simulated in {result.wall_s:.1f} s wall); `kvsim report {out}` for a report",
+                      highlight=False)
     return 0
 
 
 def _main_seeds(args: argparse.Namespace, config) -> int:
+    import dataclasses
+    import json
+
+    from simulator.engine.run import run
+    from simulator.metrics.summary import aggregate_seeds, clean_floats
+
     out = Path(args.out)
     seeds = [config.seed + i for i in range(args.seeds)]
-    err = Console(stderr=True)
+    out_console, err = make_console(), make_console(stderr=True)
     summaries = []
+
+    def on_setup(setup) -> None:  # every seed has the same setup: show it once, at the start
+        if not args.quiet and not summaries:
+            print_setup(out_console, setup)
     for seed in seeds:
-        result = run(dataclasses.replace(config, seed=seed))
+        result = run(dataclasses.replace(config, seed=seed), on_setup=on_setup)
         result.write(out / f"seed_{seed}", interval_s=args.metrics_interval_s)
         summaries.append(result.summary)
         if not args.quiet:
@@ -143,9 +179,9 @@ def _main_seeds(args: argparse.Namespace, config) -> int:
     if args.quiet:
         print(out)
         return 0
-    print_seeds_summary(Console(), agg)
-    Console().print(f"wrote {out}/seeds_summary.json and one run directory per seed "
-                    f"({', '.join(f'seed_{s}' for s in seeds)})", highlight=False)
+    print_seeds_summary(out_console, agg)
+    out_console.print(f"wrote {out}/seeds_summary.json and one run directory per seed "
+                      f"({', '.join(f'seed_{s}' for s in seeds)})", highlight=False)
     return 0
 
 
@@ -163,7 +199,9 @@ SEED_TABLE = (
 )
 
 
-def print_seeds_summary(console: Console, agg: dict) -> None:
+def print_seeds_summary(out, agg: dict) -> None:
+    from rich.table import Table
+
     table = Table(title=f"{len(agg['seeds'])} seeds: mean, 95% interval of the mean (ci95) and "
                         f"95% prediction interval for one seed (pi95)", title_justify="left")
     for col in ("metric", "mean", "ci95", "pi95"):
@@ -174,9 +212,9 @@ def print_seeds_summary(console: Console, agg: dict) -> None:
             table.add_row(label, _fmt(m["mean"], scale),
                           f"{_fmt(m['ci95_low'], scale)} .. {_fmt(m['ci95_high'], scale)}",
                           f"{_fmt(m['pi95_low'], scale)} .. {_fmt(m['pi95_high'], scale)}")
-    console.print(table)
+    out.print(table)
     fired = {k: v for k, v in agg["alerts_fired_in"].items() if v}
-    console.print("alerts fired: " + (", ".join(f"{k} in {v}/{len(agg['seeds'])} seeds"
+    out.print("alerts fired: " + (", ".join(f"{k} in {v}/{len(agg['seeds'])} seeds"
                                                 for k, v in fired.items()) or "none"), highlight=False)
 
 
@@ -191,54 +229,53 @@ def _pct(v) -> str:
     return "-" if v is None else f"{v:.1%}"
 
 
-def print_summary(console: Console, s: dict) -> None:
+def print_summary(out, s: dict) -> None:
+    from rich.table import Table
+
     r = s["requests"]
     t = s["throughput"]
-    console.print(
+    out.print(
         f"requests: {r['arrived']} arrived, {r['finished']} finished, {r['rejected']} rejected"
-        + (f" {r['rejected_by_reason']}" if r["rejected"] else "")
-        + f"; makespan {s['makespan_s']:.1f} s; throughput {t['requests_per_s']:.2f} req/s, "
-          f"{t['output_tokens_per_s']:.0f} output tok/s", highlight=False)
+        f"; makespan {s['makespan_s']:.1f} s; throughput {t['requests_per_s']:.2f} req/s, "
+        f"{t['output_tokens_per_s']:.0f} output tok/s", highlight=False)
+    if r["rejected"]:
+        out.print(rejections_table(r["rejected_by_reason"]))
     table = Table(title="latency (ms)", title_justify="left")
     for col in ("metric", "mean", "p50", "p90", "p99", "max"):
         table.add_column(col, justify="right" if col != "metric" else "left")
     for name in ("ttft", "tpot", "itl", "e2e", "queue"):
         st = s["latency_s"][name]
         table.add_row(name.upper(), *(_fmt(st[k], 1e3) for k in ("mean", "p50", "p90", "p99", "max")))
-    console.print(table)
+    out.print(table)
     kv = s["kv_cache"]
     b = s["batch"]
     q = s["queue"]
     fr = s["fragmentation"]
     slo = s["slo"]
-    console.print(
+    out.print(
         f"KV usage mean {_pct(kv['usage_mean'])}, p95 {_pct(kv['usage_p95'])}, max "
         f"{_pct(kv['usage_max'])}; token-state share {_pct(fr['token_state_share'])}; prefix-cache "
         f"hits {_pct(s['prefix_cache']['request_hit_rate'])} of prompt tokens", highlight=False)
     if s.get("swap"):
         sw = s["swap"]
-        console.print(f"swap: {sw['swap_outs']} out, {sw['swap_ins']} in, {sw['bytes'] / 2**30:.2f} GiB, "
-                      f"{_pct(sw['time_share'])} of busy time; {sw['fallbacks_to_recompute']} "
-                      f"preemptions fell back to recompute", highlight=False)
-    console.print(
+        out.print(f"swap: {sw['swap_outs']} out, {sw['swap_ins']} in, {sw['bytes'] / 2**30:.2f} GiB, "
+                  f"{_pct(sw['time_share'])} of busy time; {sw['fallbacks_to_recompute']} "
+                  f"preemptions fell back to recompute", highlight=False)
+    out.print(
         f"batch size mean {_fmt(b['num_seqs']['mean'])}, p99 {_fmt(b['num_seqs']['p99'])} seqs, "
         f"{_fmt(b['num_tokens']['mean'])} tokens; max running {b['max_running']}; "
         f"{b['num_iterations']} iterations; waiting mean {_fmt(q['pending_mean'])}, max "
         f"{_fmt(q['pending_max'])}", highlight=False)
-    console.print(
+    out.print(
         f"preemptions {s['preemptions']['total']} ({r['preempted_at_least_once']} requests, "
         f"{_fmt(s['preemptions']['per_s'])}/s); SLO (TTFT <= {_fmt(slo['ttft_s'])} s, TPOT <= "
         f"{_fmt(slo['tpot_s'])} s) met by {_pct(slo['share'])}, goodput "
         f"{_fmt(slo['goodput_requests_per_s'])} req/s", highlight=False)
     fired = s["alerts"]["fired"]
-    console.print("alerts fired: " + (", ".join(
+    out.print("alerts fired: " + (", ".join(
         f"{n} ({s['alerts']['rules'][n]['num_firings']}x)" for n in fired) if fired else "none"),
         style="red" if fired else None, highlight=False)
     if not s["config"]["cost_model_calibrated"]:
-        console.print("note: no kernel measurements for this GPU: its cost-model efficiencies are "
-                      "extrapolated from the nearest measured GPU (see the cost model line above)",
-                      style="yellow", highlight=False)
-
-
-if __name__ == "__main__":
-    sys.exit(main(argparse.Namespace()))
+        out.print("note: no kernel measurements for this GPU: its cost-model efficiencies are "
+                  "extrapolated from the nearest measured GPU (see the cost model line above)",
+                  style="yellow", highlight=False)

@@ -10,23 +10,22 @@ over two grid keys, or a line plot over one). A config file may hold the grid it
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
+from simulator.cli.common import check_out_dir, make_console
+from simulator.errors import ConfigError, did_you_mean
 
-from simulator.analysis.sweep import (
-    build_table,
-    execute,
-    load_sweep,
-    make_tasks,
-    metric_label,
-    plot_sweep,
-    write_table,
-)
-from simulator.errors import ConfigError
+DESCRIPTION = """Run a grid of configs - the cartesian product of every --grid axis (any key that
+--set accepts) times the seeds - in parallel, one task per point and seed. Each finished task
+is kept in OUT/points/, so a rerun of the same command resumes where it stopped. Writes
+OUT/sweep.parquet and OUT/sweep.csv (one row per point, every summary metric) and a heatmap
+over two grid keys or a line plot over one (OUT/sweep_<metric>.png). A config file may hold
+the grid itself: `sweep: {grid: {engine.block_size: [8, 16]}, seeds: 2}`."""
+
+EPILOG = """examples:
+  kvsim sweep --grid engine.block_size=8,16,32 --grid workload.arrival.rate=5,10,20 --workers 2
+  kvsim sweep my.yaml --grid engine.max_num_seqs=64,128,256 --seeds 3 --metric latency_s.e2e.p99"""
 
 # (metric, column title) printed in the table; every metric is in the files
 SHOWN = (("throughput.requests_per_s", "req/s"), ("throughput.output_tokens_per_s", "out tok/s"),
@@ -35,9 +34,8 @@ SHOWN = (("throughput.requests_per_s", "req/s"), ("throughput.output_tokens_per_
          ("slo.share", "SLO share"))
 
 
-def register(sub) -> None:
-    p = sub.add_parser("sweep", help="run a grid of configs in parallel (resumable)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def register(sub, help: str) -> None:
+    p = sub.add_parser("sweep", help=help, description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("config", nargs="?", help="base YAML config (may hold a sweep: section)")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
                    help="a grid axis, e.g. --grid engine.block_size=8,16,32 (repeatable)")
@@ -46,10 +44,11 @@ def register(sub) -> None:
     p.add_argument("--seeds", type=int, default=None, metavar="N",
                    help="seeds per point (seed, seed+1, ...); > 1 adds 95%% intervals")
     p.add_argument("--workers", type=int, default=1, metavar="K", help="parallel workers (default 1)")
-    p.add_argument("--backend", default="local", help="local (process pool) or ray")
+    p.add_argument("--backend", default="local", choices=["local", "ray"],
+                   help="local (process pool, default) or ray")
     p.add_argument("--address", default=None,
                    help="Ray cluster address (host:port); default: a local Ray instance")
-    p.add_argument("--out", default="runs/sweep", help="output directory (default runs/sweep)")
+    p.add_argument("--out", default="runs/sweep", metavar="DIR", help="output directory (default runs/sweep)")
     p.add_argument("--retry-failed", action="store_true", help="rerun points recorded as errors")
     p.add_argument("--metric", default="latency_s.ttft.p99", help="metric to plot (a table column)")
     p.add_argument("--x", default=None, help="plot x axis (default: the first grid key)")
@@ -60,6 +59,13 @@ def register(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    import json
+
+    from simulator.analysis.sweep import build_table, execute, load_sweep, make_tasks, plot_sweep, write_table
+
+    if args.workers < 1:
+        raise ConfigError(f"--workers must be an integer >= 1, got {args.workers}")
+    check_out_dir(args.out, "--out")
     spec = load_sweep(args.config, args.grid, args.seeds, args.overrides)
     keys = list(spec.grid)
     x = args.x or keys[0]
@@ -73,15 +79,19 @@ def main(args: argparse.Namespace) -> int:
     (out / "sweep.json").write_text(json.dumps(
         {"base": spec.base, "grid": spec.grid, "seeds": spec.seeds}, indent=1, sort_keys=True,
         default=str) + "\n")
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     t0 = time.perf_counter()
     outcome = execute(tasks, out, workers=args.workers, backend=args.backend, address=args.address,
                       retry_failed=args.retry_failed, progress=not args.quiet, console=err)
     wall = time.perf_counter() - t0
     df = build_table(tasks, outcome.records)
     pq, csv = write_table(df, out)
-    png = None
-    if (df.status != "missing").any() and args.metric in df and df[args.metric].notna().any():
+    png, note = None, None
+    if args.metric not in df:
+        metrics = [c for c in df.columns if c not in keys and not c.endswith(".ci95")]
+        note = (f"note: no plot: --metric {args.metric} is not a column of the table"
+                f"{did_you_mean(args.metric, metrics)}")
+    elif (df.status != "missing").any() and df[args.metric].notna().any():
         png = plot_sweep(df, args.metric, x, y, out / f"sweep_{args.metric}.png", args.plot_kind)
     n_points = len(df)
     msg = (f"{n_points} points x {len(spec.seeds)} seeds: {outcome.done} run now "
@@ -90,17 +100,20 @@ def main(args: argparse.Namespace) -> int:
     if args.quiet:
         print(out)
     else:
-        print_table(_console(), df, keys)
-        _console().print(msg, highlight=False)
+        con = make_console()
+        print_table(con, df, keys)
+        con.print(msg, highlight=False)
         if outcome.stale:
-            _console().print(f"note: {outcome.stale} reused runs were made by a different version of "
-                             f"the simulator's code; delete {out}/points to recompute them",
-                             style="yellow", highlight=False)
+            con.print(f"note: {outcome.stale} reused runs were made by a different version of "
+                      f"the simulator's code; delete {out}/points to recompute them",
+                      style="yellow", highlight=False)
         for _, r in df[df.status == "error"].iterrows():
-            _console().print(f"error at {', '.join(f'{k}={r[k]}' for k in keys)}: {r['error']}",
-                            style="red", highlight=False)
-        _console().print(f"wrote {pq}, {csv}" + (f", {png}" if png else "")
-                        + f" and {out}/points/ (one JSON per run; rerun to resume)", highlight=False)
+            con.print(f"error at {', '.join(f'{k}={r[k]}' for k in keys)}: {r['error']}",
+                      style="red", highlight=False)
+        con.print(f"wrote {pq}, {csv}" + (f", {png}" if png else "")
+                  + f" and {out}/points/ (one JSON per run; rerun to resume)", highlight=False)
+    if note:
+        err.print(note, style="yellow", highlight=False)
     if outcome.interrupted:
         err.print(f"interrupted: {sum(1 for r in outcome.records.values())} of {len(tasks)} runs "
                   f"are on disk in {out}/points; rerun the same command to resume", highlight=False)
@@ -108,12 +121,11 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _console() -> Console:
-    c = Console()
-    return c if c.is_terminal else Console(width=160)  # logs and pipes: no wrapped cells
+def print_table(console, df, keys: list[str]) -> None:
+    from rich.table import Table
 
+    from simulator.analysis.sweep import metric_label
 
-def print_table(console: Console, df, keys: list[str]) -> None:
     table = Table(title="sweep (one row per point; mean over seeds)", title_justify="left")
     for k in keys:
         table.add_column(k.rsplit(".", 1)[-1], justify="right")

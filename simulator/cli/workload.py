@@ -12,27 +12,39 @@ length percentiles, tenants, sessions, prefix reuse and loading counts; it also 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import yaml
-
+from simulator.cli.common import check_out_file, display_path
 from simulator.errors import ConfigError
-from simulator.workload.generators import ARRIVALS, LENGTHS, ChunkIds, RequestArrays
-from simulator.workload.load import generate
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from simulator.workload.generators import RequestArrays
 
 PERCENTILES = (50, 90, 99)
 
+INSPECT_DESCRIPTION = """Build a workload exactly as `kvsim run` would (same config, same seed) and
+print its shape: request count, duration, mean rate, inter-arrival CV, prompt and output
+length percentiles, tenants, sessions, prefix reuse; and draw a PNG (arrival rate over time,
+length histograms). Definitions: duration = last arrival - first arrival; mean rate =
+(n - 1) / duration; inter-arrival CV = std / mean of the gaps (docs/workloads.md)."""
 
-def register(sub) -> None:
-    p = sub.add_parser("workload", help="inspect traces and workload YAMLs",
-                       description=__doc__.splitlines()[0])
-    wsub = p.add_subparsers(dest="workload_command", metavar="ACTION")
-    i = wsub.add_parser("inspect", help="stats + PNG of a trace file or workload YAML",
-                        description=__doc__)
+INSPECT_EPILOG = """examples:
+  kvsim workload inspect workloads/chat.yaml
+  kvsim workload inspect ../traces/azure_conv.csv --set duration_s=600 --no-png
+  kvsim workload inspect my.yaml --json > stats.json"""
+
+
+def register(sub, help: str) -> None:
+    p = sub.add_parser("workload", help=help,
+                       description="Look at a workload before simulating it: `inspect` prints its rate, "
+                                   "lengths, tenants, sessions and prefix reuse and draws a PNG; "
+                                   "`formats` lists the trace formats kvsim reads.")
+    wsub = p.add_subparsers(dest="workload_command", metavar="ACTION", title="actions")
+    i = wsub.add_parser("inspect", help="statistics and a PNG of a trace file or workload YAML",
+                        description=INSPECT_DESCRIPTION, epilog=INSPECT_EPILOG)
     i.add_argument("source", help="trace file (CSV/JSONL, format auto-detected) or YAML config "
                                   "(a full config with a workload: section, or just that section)")
     i.add_argument("--format", help="trace format (default: auto-detect)")
@@ -44,7 +56,9 @@ def register(sub) -> None:
     i.add_argument("--no-png", action="store_true", help="skip the PNG")
     i.add_argument("--json", action="store_true", help="print the stats as JSON")
     i.set_defaults(func=inspect_main)
-    f = wsub.add_parser("formats", help="list trace formats, arrival processes, length laws")
+    f = wsub.add_parser("formats", help="list the trace formats, arrival processes and length laws",
+                        description="List the trace formats kvsim reads (workload.format), the "
+                                    "arrival processes and the length distributions.")
     f.set_defaults(func=formats_main)
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
@@ -52,8 +66,12 @@ def register(sub) -> None:
 def load_source(source: str, fmt: str | None = None, overrides: list[str] | None = None,
                 seed: int | None = None):
     """(SimConfig, RequestArrays) for a trace file or a YAML config, as `kvsim run` builds it."""
+    import numpy as np
+    import yaml
+
     from simulator.config.schema import apply_override, from_dict, load_config
     from simulator.config.workload import WorkloadConfig
+    from simulator.workload.load import generate
 
     path = Path(source)
     fields = set(WorkloadConfig.__dataclass_fields__)
@@ -64,7 +82,10 @@ def load_source(source: str, fmt: str | None = None, overrides: list[str] | None
     else:
         data = {"workload": {"trace": source}}
     if fmt:
-        data.setdefault("workload", {})["format"] = fmt
+        if not (data.get("workload") or {}).get("trace"):
+            raise ConfigError(f"--format {fmt}: {source} has no workload.trace (its requests are "
+                              f"generated); --format names the format of a trace file")
+        data["workload"]["format"] = fmt
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"--set expects key=value, got {item!r}")
@@ -80,6 +101,8 @@ def load_source(source: str, fmt: str | None = None, overrides: list[str] | None
 
 
 def _dist(values: np.ndarray) -> dict[str, float]:
+    import numpy as np
+
     v = np.asarray(values, dtype=np.float64)
     out = {"mean": float(v.mean()), "min": float(v.min())}
     out.update({f"p{q}": float(np.percentile(v, q)) for q in PERCENTILES})
@@ -89,6 +112,10 @@ def _dist(values: np.ndarray) -> dict[str, float]:
 
 def describe(work: RequestArrays) -> dict[str, Any]:
     """Summary statistics of a workload (module docstring has the definitions)."""
+    import numpy as np
+
+    from simulator.workload.generators import ChunkIds
+
     n = len(work)
     t = work.arrival_s
     gaps = np.diff(t)
@@ -121,6 +148,8 @@ def describe(work: RequestArrays) -> dict[str, Any]:
 
 
 def _nice_bin(duration_s: float, target_bins: int = 120) -> float:
+    import numpy as np
+
     for width in (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200,
                   14400, 21600, 43200, 86400):
         if duration_s / width <= target_bins:
@@ -136,6 +165,7 @@ def _fmt_bin(width: float) -> str:
 def plot(work: RequestArrays, stats: dict[str, Any], title: str, out: Path) -> Path:
     """PNG: arrival rate over time (per tenant when there are a few), length histograms."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -229,14 +259,32 @@ def format_stats(stats: dict[str, Any], title: str) -> str:
     return "\n".join(lines)
 
 
+def _shown_source(source: str) -> str:
+    """A trace's `info["source"]` ("<resolved path> (<format>)") with the path as the user knows it."""
+    path, sep, fmt = source.rpartition(" (")
+    return f"{display_path(path)}{sep}{fmt}" if sep else display_path(source)
+
+
 def inspect_main(args: argparse.Namespace) -> int:
+    import json
+
+    png = None
+    if not args.no_png:
+        png = Path(args.png) if args.png else Path("runs/inspect") / f"{Path(args.source).stem}.png"
+        check_out_file(png, "--png")
     config, work = load_source(args.source, args.format, args.overrides, args.seed)
     if len(work) == 0:
         raise ConfigError(f"workload {args.source}: no requests")
     stats = describe(work)
-    title = work.info.get("source") or f"{args.source} (synthetic, seed {config.seed})"
-    if not args.no_png:
-        png = Path(args.png) if args.png else Path("runs/inspect") / f"{Path(args.source).stem}.png"
+    if "source" in stats["info"]:
+        stats["info"]["source"] = _shown_source(stats["info"]["source"])
+    trace = stats["info"].get("source")
+    if Path(args.source).suffix in (".yaml", ".yml"):
+        title = f"{display_path(args.source)}" + (f": trace {trace}" if trace else
+                                                  f" (synthetic, seed {config.seed})")
+    else:
+        title = trace or display_path(args.source)
+    if png is not None:
         stats["png"] = str(plot(work, stats, title, png))
     if args.json:
         print(json.dumps(stats, indent=2, sort_keys=True))
@@ -248,6 +296,7 @@ def inspect_main(args: argparse.Namespace) -> int:
 
 
 def formats_main(args: argparse.Namespace) -> int:
+    from simulator.workload.generators import ARRIVALS, LENGTHS
     from simulator.workload.traces import _DETECT_ORDER, TRACE_FORMATS
 
     print("trace formats (workload.format; auto-detected in this order):")
@@ -259,6 +308,3 @@ def formats_main(args: argparse.Namespace) -> int:
     print(f"length distributions (dist): {', '.join(LENGTHS.names())}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(inspect_main(argparse.Namespace()))

@@ -177,14 +177,17 @@ def run_config_summary(s: Setup) -> dict[str, Any]:
 
 
 def run(config: SimConfig, workload: RequestArrays | None = None, *, progress=None,
-        vectorized: bool = True, trace=None) -> Result:
+        vectorized: bool = True, trace=None, on_setup: Callable[[Setup], None] | None = None) -> Result:
     """Steps: 1. setup (names, memory, cost); 2. workload from the seed; 3. SimPy run until
-    every arrival has finished or been rejected; 4. summary. `trace`: a StepTrace to fill."""
+    every arrival has finished or been rejected; 4. summary. `trace`: a StepTrace to fill;
+    `on_setup(setup)` is called once setup is done, before any simulation work."""
     if config.cluster:
         from simulator.engine.cluster import resolve_cluster, run_cluster
         if resolve_cluster(config.cluster).replicas > 1:
             return run_cluster(config, workload, progress=progress, vectorized=vectorized)
     s = setup(config)
+    if on_setup is not None:
+        on_setup(s)
     e = s.engine
     seeds = np.random.SeedSequence(config.seed).spawn(2)
     if workload is None:
