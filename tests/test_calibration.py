@@ -13,15 +13,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from simulator.calibration.fit import (
-    fit_compute,
-    fit_gpu,
-    fit_network,
-    model_dirs,
-    nearest_donor,
-    read_mlp_csv,
-    write_calibration,
-)
+from simulator.calibration.data import model_dirs, read_mlp_csv
+from simulator.calibration.fit import fit_compute, fit_network
+from simulator.calibration.gpu_fit import fit_gpu
+from simulator.calibration.sections import write_calibration
+from simulator.calibration.transfer import nearest_donor
 from simulator.cli.main import main as cli_main
 from simulator.engine.costmodel import LAYER_OPS, CostParams, ShardDims, op_times
 from simulator.errors import ConfigError

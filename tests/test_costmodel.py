@@ -124,7 +124,7 @@ def test_decode_step_llama2_7b_a100_matches_measured_ops(shared_data):
     """Must-show 2: a batch-1 decode step of Llama-2-7B on A100 lands within 10 % of the measured
     per-layer ops x 32 layers + measured embedding + the model's own stated terms (attention at
     the context length, LM head GEMM, iteration overhead)."""
-    from simulator.calibration.fit import read_mlp_csv
+    from simulator.calibration.data import read_mlp_csv
 
     m = read_mlp_csv(shared_data / "kernels/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv")
     row = (m.tokens == 1) & (m.tp == 1)

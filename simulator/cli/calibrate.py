@@ -17,19 +17,17 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from simulator.calibration.fit import (
-    GpuFit,
-    catalogue_gpus,
+from simulator.calibration.data import gpu_folders
+from simulator.calibration.gpu_fit import GpuFit, fit_gpu
+from simulator.calibration.report import parity_plot
+from simulator.calibration.sections import (
     extrapolated_section,
-    fit_gpu,
-    gpu_folders,
     measured_section,
-    parity_plot,
     profile_path,
     profiles_dir,
-    transfer_errors,
     write_calibration,
 )
+from simulator.calibration.transfer import catalogue_gpus, transfer_errors
 from simulator.errors import ConfigError
 from simulator.hardware.gpus import get_gpu
 
