@@ -34,11 +34,13 @@ STAT = "median"
 
 @dataclass(frozen=True)
 class DataFolder:
-    """Which catalogue GPU a data folder measured, and which network topology goes with it."""
+    """Which catalogue GPU a data folder measured, which network topology goes with it, and the
+    data set's name as a person would cite it (run output prints it)."""
 
     gpu: str
     network: str | None
     reason: str
+    dataset: str
 
 
 # Decision (docs/costmodel.md, "Which GPU is each data folder"): Vidur's device SKUs are
@@ -50,12 +52,15 @@ class DataFolder:
 KNOWN_FOLDERS = {
     "a100": DataFolder("a100-80gb", "a100_dgx",
                        "Vidur a100 SKU is 312 TFLOPS / 80 GB; T=1 GEMMs stream weights at ~1.6 TB/s, "
-                       "only the 80 GB part (2,039 GB/s) reaches that; network: DGX A100 (NVSwitch)"),
+                       "only the 80 GB part (2,039 GB/s) reaches that; network: DGX A100 (NVSwitch)",
+                       "Vidur's A100 kernel timings"),
     "a40": DataFolder("a40", "a40_pairwise_nvlink",
-                      "Vidur a40 SKU (150 TFLOPS / 45 GB); network: only send_recv was measured"),
+                      "Vidur a40 SKU (150 TFLOPS / 45 GB); network: only send_recv was measured",
+                      "Vidur's A40 kernel timings"),
     "h100": DataFolder("h100-sxm", "h100_dgx",
                        "Vidur h100 SKU is 80 GB in a DGX node; T=1 GEMMs stream weights at ~2.65 TB/s, "
-                       "above H100 PCIe's ~2,000 GB/s peak; network: DGX H100 (NVSwitch)"),
+                       "above H100 PCIe's ~2,000 GB/s peak; network: DGX H100 (NVSwitch)",
+                       "Vidur's H100 kernel timings"),
 }
 
 
@@ -226,7 +231,8 @@ def resolve_folder(profiles: Path, name: str) -> tuple[str, DataFolder]:
             gpu = get_gpu(folder).name
         except ConfigError:
             gpu = ""
-        known = DataFolder(gpu, net, f"folder named after the GPU ({folder!r})")
+        known = DataFolder(gpu, net, f"folder named after the GPU ({folder!r})",
+                           f"kernel timings measured on {folder}")
     return folder, known
 
 

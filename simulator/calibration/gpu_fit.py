@@ -19,6 +19,7 @@ from simulator.calibration.data import (
 )
 from simulator.calibration.fit import NetworkFit, derive_attention, fit_attention, fit_compute, fit_network
 from simulator.calibration.score import ErrorStats, leave_one_model_out, op_errors
+from simulator.calibration.solve import LEAST_SQUARES, Objective, ParamStat
 from simulator.engine.costmodel import CostParams, link_bandwidth
 from simulator.errors import ConfigError
 from simulator.hardware.gpus import GpuSpec, get_gpu
@@ -36,6 +37,9 @@ class GpuFit:
     attention_measured: bool
     data_label: str
     folder_reason: str
+    dataset: str  # the data set's name, for people (DataFolder.dataset)
+    stats: dict[str, ParamStat]  # fitted parameter -> standard error / bound flag
+    objective: Objective = LEAST_SQUARES
     notes: list[str] = field(default_factory=list)
 
 
@@ -48,7 +52,7 @@ def label(path: Path) -> str:
 
 
 def fit_gpu(profiles: str | Path, name: str, *, target: GpuSpec | None = None,
-            lomo: bool = True) -> GpuFit:
+            lomo: bool = True, objective: Objective = LEAST_SQUARES) -> GpuFit:
     """Fit one GPU folder. Steps:
     1. resolve the folder to a catalogue GPU (KNOWN_FOLDERS, else the folder's own name);
     2. read every model's mlp.csv (and attention.csv if present);
@@ -68,13 +72,15 @@ def fit_gpu(profiles: str | Path, name: str, *, target: GpuSpec | None = None,
         models.append(read_mlp_csv(path, model_name))
         if (path.parent / "attention.csv").is_file():
             attn_frames.append(read_attention_csv(path.parent / "attention.csv"))
-    params = fit_compute(models, gpu, base)
-    params = fit_attention(attn_frames, gpu, params) if attn_frames else derive_attention(params)
+    fitted = fit_compute(models, gpu, base, objective)
+    fitted = fit_attention(attn_frames, gpu, fitted, objective) if attn_frames else derive_attention(fitted)
+    params, stats = fitted.params, dict(fitted.stats)
     notes = []
     network = None
     if known.network and (profiles / "network" / known.network).is_dir():
-        network = fit_network(profiles / "network" / known.network, gpu)
+        network = fit_network(profiles / "network" / known.network, gpu, objective)
         params = replace(params, allreduce_latency_s=network.latency_s, allreduce_bus_eff=network.bus_eff)
+        stats.update(network.stats)
         bus_gbps = network.bus_eff * link_bandwidth(gpu) / 1e9
         if bus_gbps < gpu.host_link_gbps:
             notes.append(f"measured {network.source} bus bandwidth {bus_gbps:.3g} GB/s is below the host "
@@ -83,5 +89,6 @@ def fit_gpu(profiles: str | Path, name: str, *, target: GpuSpec | None = None,
     else:
         notes.append("no network measurements: all-reduce parameters kept from the current profile")
     return GpuFit(folder, gpu, params, models, op_errors(models, gpu, params),
-                  leave_one_model_out(models, gpu, params) if lomo else {}, network, bool(attn_frames),
-                  label(profiles / "compute" / folder), known.reason, notes)
+                  leave_one_model_out(models, gpu, params, objective) if lomo else {}, network,
+                  bool(attn_frames), label(profiles / "compute" / folder), known.reason, known.dataset,
+                  stats, objective, notes)

@@ -12,6 +12,7 @@ import numpy as np
 
 from simulator.calibration.data import ALL_OPS, ModelTimings
 from simulator.calibration.fit import fit_compute
+from simulator.calibration.solve import LEAST_SQUARES, Objective
 from simulator.engine.costmodel import CostParams, op_times
 from simulator.hardware.gpus import GpuSpec
 
@@ -55,12 +56,13 @@ def op_errors(models: list[ModelTimings], gpu: GpuSpec, p: CostParams) -> dict[s
     return {op: ErrorStats.of(np.concatenate(apes[op])) for op in order}
 
 
-def leave_one_model_out(models: list[ModelTimings], gpu: GpuSpec, base: CostParams) -> dict[str, ErrorStats]:
+def leave_one_model_out(models: list[ModelTimings], gpu: GpuSpec, base: CostParams,
+                        objective: Objective = LEAST_SQUARES) -> dict[str, ErrorStats]:
     """For each model M: fit on the others, score M's per-layer op sum (every token and TP row)."""
     out = {}
     if len(models) < 2:
         return out
     for held in models:
-        p = fit_compute([m for m in models if m is not held], gpu, base)
+        p = fit_compute([m for m in models if m is not held], gpu, base, objective).params
         out[held.name] = ErrorStats.of(ape(predict_layer_sum(held, gpu, p), held.layer_sum()))
     return out

@@ -44,7 +44,8 @@ def measured_section(fit: GpuFit, fit_date: str) -> dict[str, Any]:
         "rows": int(sum(len(m.tokens) for m in fit.models)),
         "data_folder_to_gpu": fit.folder_reason,
         "statistic": f"{STAT} of repeated timings (ms -> s), fp16",
-        "fit": "Levenberg-Marquardt on log(predicted/measured), all models together",
+        "fit": f"scipy.optimize.least_squares (trf, {fit.objective.describe()}) on log(predicted/measured), "
+               "parameters bounded by their physical ranges, all models together",
         "fit_date": fit_date,
         "fitted_by": f"kvsim calibrate (kvsim {__version__})",
         "not_fitted": not_fitted,
