@@ -16,7 +16,7 @@ import yaml
 from simulator.calibration.data import model_dirs, read_mlp_csv
 from simulator.calibration.fit import fit_compute, fit_network
 from simulator.calibration.gpu_fit import fit_gpu
-from simulator.calibration.sections import write_calibration
+from simulator.calibration.sections import measured_section, write_calibration
 from simulator.calibration.solve import Objective, Param, ParamStat, solve, t_interval
 from simulator.calibration.transfer import nearest_donor
 from simulator.cli.main import main as cli_main
@@ -217,7 +217,8 @@ def test_leave_one_model_out_within_target(measured_fits, folder, gpu, num_model
 
 
 def test_committed_profiles_hold_the_fit(measured_fits):
-    """The YAMLs in gpu_profiles/ are what `kvsim calibrate` fits from the data today."""
+    """The YAMLs in gpu_profiles/ are what `kvsim calibrate` fits from the data today: parameters,
+    leave-one-model-out errors, standard errors and bound flags, and the rest of the provenance."""
     for fit in measured_fits.values():
         committed = get_gpu(fit.gpu.name).calibration
         assert committed["status"] == "measured"
@@ -225,6 +226,32 @@ def test_committed_profiles_hold_the_fit(measured_fits):
             assert committed["params"][name] == pytest.approx(value, rel=2e-3), (fit.gpu.name, name)
         assert committed["error"]["leave_one_model_out_mape_pct"] == \
             pytest.approx({k: round(v.mape_pct, 2) for k, v in fit.lomo.items()}, abs=0.02)
+        fresh = measured_section(fit, committed["provenance"]["fit_date"])["provenance"]
+        old = dict(committed["provenance"])
+        for key in ("data", "network"):  # paths, relative to the current directory
+            fresh.pop(key, None)
+            old.pop(key, None)
+        new_se, old_se = fresh.pop("standard_errors"), old.pop("standard_errors")
+        assert fresh == old, fit.gpu.name
+        assert new_se["params"] == pytest.approx(old_se["params"], rel=0.05), fit.gpu.name
+        assert new_se.get("at_bound") == old_se.get("at_bound"), fit.gpu.name
+
+
+def test_standard_errors_and_bounds_of_the_measured_fits(measured_fits):
+    """Every fitted parameter has a standard error or sits on a bound; the data pin each one down
+    to a few per cent; on H100 the soft-roofline exponent sits on its lower bound (no overlap)."""
+    for fit in measured_fits.values():
+        assert set(fit.stats) == {n for n in fit.params.as_dict() if not n.startswith("attn_")} - \
+            {"iteration_overhead_s"}, fit.gpu.name
+        for name, stat in fit.stats.items():
+            value = getattr(fit.params, name)
+            if stat.at_bound:
+                assert stat.std_error is None and value == stat.bound, (fit.gpu.name, name)
+            else:
+                assert 0 < stat.std_error < 0.1 * value and stat.dof >= 78, (fit.gpu.name, name, stat)
+    h100 = measured_fits["h100"].stats["gemm_overlap_exp"]
+    assert (h100.at_bound, h100.bound) == ("lower", 1.0)
+    assert all(s.at_bound is None for f in ("a100", "a40") for s in measured_fits[f].stats.values())
 
 
 def test_network_fit(shared_data):
@@ -268,9 +295,13 @@ def test_calibrate_cli_writes_profile_and_plot(shared_data, tmp_path, capsys):
                      "--report-dir", str(tmp_path / "r")])
     out = capsys.readouterr().out
     assert code == 0 and "leave-one-model-out" in out and "layer sum" in out
+    assert "h100-sxm: fitted parameters" in out and "on lower bound 1" in out and "95% interval" in out
     cal = yaml.safe_load((tmp_path / "p/h100-sxm.yaml").read_text())["calibration"]
     assert cal["status"] == "measured" and cal["provenance"]["fit_date"] == "2026-01-02"
     assert cal["provenance"]["data"].endswith("kernels/compute/h100")
+    se = cal["provenance"]["standard_errors"]
+    assert se["at_bound"] == {"gemm_overlap_exp": "lower bound 1"}
+    assert 0 < se["params"]["gemm_compute_eff"] < 0.01 and "gemm_overlap_exp" not in se["params"]
     assert (tmp_path / "r/parity.png").stat().st_size > 10_000
 
 

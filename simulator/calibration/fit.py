@@ -55,12 +55,12 @@ class FittedParams:
     stats: dict[str, ParamStat] = field(default_factory=dict)
 
     def with_solution(self, sol: Solution) -> FittedParams:
-        """These params with the solution's values, rounded (`_sig`), and its stats added."""
-        rounded = {name: _sig(v) for name, v in sol.values.items()}
+        """These params with the solution's values, rounded (`round_sig`), and its stats added."""
+        rounded = {name: round_sig(v) for name, v in sol.values.items()}
         return FittedParams(replace(self.params, **rounded), {**self.stats, **sol.stats})
 
 
-def _sig(x: float, digits: int = 4) -> float:
+def round_sig(x: float, digits: int = 4) -> float:
     """Round to significant digits, so the committed YAML holds exactly what was scored."""
     return float(f"{x:.{digits}g}")
 
@@ -163,8 +163,9 @@ def fit_elementwise(models: list[ModelTimings], gpu: GpuSpec, base: CostParams,
 def derive_attention(fitted: FittedParams) -> FittedParams:
     """Attention parameters from the GEMM fit when attention was not measured (costmodel item 3)."""
     p = fitted.params
-    return replace(fitted, params=replace(p, attn_compute_eff=_sig(ATTN_TO_GEMM_COMPUTE * p.gemm_compute_eff),
-                                          attn_bandwidth_eff=p.gemm_bandwidth_eff))
+    derived = replace(p, attn_compute_eff=round_sig(ATTN_TO_GEMM_COMPUTE * p.gemm_compute_eff),
+                      attn_bandwidth_eff=p.gemm_bandwidth_eff)
+    return replace(fitted, params=derived)
 
 
 def fit_attention(frames: list[pd.DataFrame], gpu: GpuSpec, base: FittedParams,
@@ -254,7 +255,7 @@ def fit_network(topology_dir: Path, gpu: GpuSpec, objective: Objective = LEAST_S
         source, path = "send_recv (ring model)", sr_path
     else:
         raise ConfigError(f"{topology_dir}: neither all_reduce.csv nor send_recv.csv")
-    latency, eff = _sig(latency), _sig(eff)
+    latency, eff = round_sig(latency), round_sig(eff)
     mape: dict[int, float] = {}
     if ar_path.is_file():
         df = network_frame(ar_path, "all_reduce")

@@ -1,6 +1,7 @@
-"""Pictures of a calibration: the parity plot (predicted vs measured, one panel per GPU).
+"""What a calibration shows a person: the parity plot (predicted vs measured, one panel per GPU)
+and the table of fitted parameters with their standard errors and t-intervals.
 
-matplotlib is imported inside the function, so importing this module stays cheap.
+matplotlib is imported inside the plot function, so importing this module stays cheap.
 """
 
 from __future__ import annotations
@@ -8,10 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from rich.table import Table
 
 from simulator.calibration.data import ALL_OPS
 from simulator.calibration.gpu_fit import GpuFit
 from simulator.calibration.score import predict_layer_sum, predict_ops
+from simulator.calibration.solve import t_interval
 
 
 def parity_plot(fits: list[GpuFit], path: Path) -> Path:
@@ -52,3 +55,28 @@ def parity_plot(fits: list[GpuFit], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def params_table(fit: GpuFit, level: float = 0.95) -> Table:
+    """One GPU's parameters: value, standard error and Student t interval (scipy.stats.t, the
+    fit's residual degrees of freedom) for each fitted one; the rest say why they have none.
+    Seconds are shown in microseconds, so the table fits 80 columns."""
+    title = (f"{fit.gpu.name}: fitted parameters ({fit.objective.describe()}), standard error from the "
+             f"Jacobian, {level:.0%} t-interval")
+    table = Table(title=title, title_justify="left")
+    for col in ("parameter", "value", "std error", f"{level:.0%} interval"):
+        table.add_column(col, justify="left" if col == "parameter" else "right")
+    for name, value in fit.params.as_dict().items():
+        scale, shown = (1e6, f"{name} (us)") if name.endswith("_s") else (1.0, name)
+        stat = fit.stats.get(name)
+        if stat is None:
+            cells = ("-", "not fitted")
+        elif stat.at_bound:
+            cells = ("-", f"on {stat.at_bound} bound {stat.bound * scale:g}")
+        elif stat.std_error is None:
+            cells = ("-", "not determined")
+        else:
+            lo, hi = t_interval(value, stat, level)
+            cells = (f"{stat.std_error * scale:.2g}", f"{lo * scale:.4g} .. {hi * scale:.4g}")
+        table.add_row(shown, f"{value * scale:.4g}", *cells)
+    return table

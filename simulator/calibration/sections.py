@@ -15,6 +15,7 @@ import yaml
 
 from simulator import __version__
 from simulator.calibration.data import STAT
+from simulator.calibration.fit import round_sig
 from simulator.calibration.gpu_fit import GpuFit, label
 from simulator.calibration.score import ErrorStats
 from simulator.calibration.transfer import nearest_donor, spec_distance
@@ -29,6 +30,23 @@ def _r(x: float) -> float:
 
 
 ASSUMED = ("iteration_overhead_s (scheduler, sampler, input preparation: not in kernel data)",)
+
+
+def standard_errors(fit: GpuFit) -> dict[str, Any]:
+    """Each fitted parameter's standard error (2 significant digits) and, separately, those that sit
+    on a bound of their physical range (no standard error)."""
+    order = list(fit.params.as_dict())
+    stats = sorted(fit.stats.items(), key=lambda kv: order.index(kv[0]))
+    out: dict[str, Any] = {
+        "method": "1 sigma from the Jacobian at the optimum, cov = inv(J^T J) * residual variance; rows of "
+                  "one model are correlated, so these understate the uncertainty (the leave-one-model-out "
+                  "error is the honest figure)",
+        "params": {name: round_sig(s.std_error, 2) for name, s in stats if s.std_error is not None},
+    }
+    at_bound = {name: f"{s.at_bound} bound {s.bound:g}" for name, s in stats if s.at_bound}
+    if at_bound:
+        out["at_bound"] = at_bound
+    return out
 
 
 def measured_section(fit: GpuFit, fit_date: str) -> dict[str, Any]:
@@ -46,6 +64,7 @@ def measured_section(fit: GpuFit, fit_date: str) -> dict[str, Any]:
         "statistic": f"{STAT} of repeated timings (ms -> s), fp16",
         "fit": f"scipy.optimize.least_squares (trf, {fit.objective.describe()}) on log(predicted/measured), "
                "parameters bounded by their physical ranges, all models together",
+        "standard_errors": standard_errors(fit),
         "fit_date": fit_date,
         "fitted_by": f"kvsim calibrate (kvsim {__version__})",
         "not_fitted": not_fitted,

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from simulator.calibration.data import gpu_folders
 from simulator.calibration.gpu_fit import GpuFit, fit_gpu
-from simulator.calibration.report import parity_plot
+from simulator.calibration.report import params_table, parity_plot
 from simulator.calibration.sections import (
     extrapolated_section,
     measured_section,
@@ -115,6 +115,8 @@ def main(args: argparse.Namespace) -> int:
     print_op_table(console, fits)
     print_lomo_table(console, fits)
     print_network(console, fits)
+    for f in fits:
+        console.print(params_table(f))
     transfers = transfer_errors(fits) if len(fits) > 1 else {}
     if transfers:
         table = Table(title="transfer check: donor's parameters on another measured GPU's specs, "
