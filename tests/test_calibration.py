@@ -299,6 +299,7 @@ def test_calibrate_cli_writes_profile_and_plot(shared_data, tmp_path, capsys):
     cal = yaml.safe_load((tmp_path / "p/h100-sxm.yaml").read_text())["calibration"]
     assert cal["status"] == "measured" and cal["provenance"]["fit_date"] == "2026-01-02"
     assert cal["provenance"]["data"].endswith("kernels/compute/h100")
+    assert cal["provenance"]["dataset"] == "Vidur's H100 kernel timings"
     se = cal["provenance"]["standard_errors"]
     assert se["at_bound"] == {"gemm_overlap_exp": "lower bound 1"}
     assert 0 < se["params"]["gemm_compute_eff"] < 0.01 and "gemm_overlap_exp" not in se["params"]
@@ -331,3 +332,4 @@ def test_profile_round_trips_through_calibrate(tmp_path, capsys):
     cal = yaml.safe_load(target.read_text())["calibration"]
     assert cal["status"] == "measured" and "attn_compute_eff" in cal["params"]
     assert cal["provenance"]["models"] == ["tiny-org/tiny-llama"]
+    assert cal["provenance"]["dataset"] == "kernel timings measured on cpu-test"

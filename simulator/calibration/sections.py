@@ -57,6 +57,7 @@ def measured_section(fit: GpuFit, fit_date: str) -> dict[str, Any]:
                              "attn_bandwidth_eff = gemm_bandwidth_eff, attn_overhead_s assumed "
                              "(no attention kernels in the data; costmodel.py docstring item 3)")
     provenance: dict[str, Any] = {
+        "dataset": fit.dataset,
         "data": fit.data_label,
         "models": [m.name for m in fit.models],
         "rows": int(sum(len(m.tokens) for m in fit.models)),
@@ -115,6 +116,7 @@ def extrapolated_section(target: GpuSpec, fits: list[GpuFit], fit_date: str,
                       "datasheet peak FLOP/s, memory and link bandwidth) and overheads applied to this "
                       "GPU's datasheet figures; donor = nearest measured GPU in (log peak bf16 FLOP/s, "
                       f"log memory bandwidth), distance {spec_distance(target, donor.gpu):.2f}",
+            "dataset": donor.dataset,
             "data": donor.data_label,
             "allreduce": f"from {net_donor.gpu.name}'s measured all-reduce, applied to this GPU's {link}",
             "fit_date": fit_date,
