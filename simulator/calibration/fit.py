@@ -40,7 +40,7 @@ from simulator.hardware.gpus import GpuSpec
 # datasheet figure; CostParams allows (0, 2] (> 1 when a small working set is served from L2),
 # and 1e-4 stands in for 0, which log space cannot reach. Overheads and latencies: 0.1 ns to 10 ms
 # per kernel or collective. The soft-roofline exponent: 1 = memory and compute do not overlap,
-# large = the plain roofline max(m, c) (at 20 the two differ by < 3.5 %).
+# large = the plain roofline max(m, c) (at 20 the two differ by at most 2^(1/20) - 1 = 3.6 %).
 EFF_RANGE = (1e-4, 2.0)
 OVERHEAD_RANGE_S = (1e-10, 1e-2)
 OVERLAP_EXP_RANGE = (1.0, 20.0)
