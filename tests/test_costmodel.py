@@ -85,10 +85,17 @@ def test_step_beyond_max_tokens_grows_the_table():
 def test_status_flags_and_describe():
     measured = cost("llama-2-7b", "a100-80gb", 1)
     assert measured.calibrated and not measured.extrapolated
-    assert "calibrated on measured kernels" in measured.describe()
+    line = measured.describe()
+    assert "calibrated on Vidur's A100 kernel timings, 8 models, fit 2026-11-30 (leave-one-model-out " \
+           "MAPE <= 5.7%)" in line and "shared" not in line  # the data set's name, not a path
     extrapolated = cost("llama-2-7b", "l4", 1)
     assert extrapolated.extrapolated and not extrapolated.calibrated
-    assert "EXTRAPOLATED from a40" in extrapolated.describe()
+    assert "EXTRAPOLATED from a40 via datasheet specs (no kernel measurements for l4; donor calibrated on " \
+           "Vidur's A40 kernel timings, fit 2026-11-30)" in extrapolated.describe()
+    cal = get_gpu("h100-sxm").calibration
+    unnamed = replace(get_gpu("h100-sxm"), calibration={**cal, "provenance": {"models": ["x/y"]}})
+    assert "calibrated on measured kernel timings, 1 model (leave-one" in CostModel(
+        get_model("llama-2-7b"), unnamed).describe()  # a profile from before provenance named its data set
     bare = replace(get_gpu("a100"), calibration={})
     uncal = CostModel(get_model("llama-2-7b"), bare)
     assert not uncal.calibrated and not uncal.extrapolated
@@ -124,7 +131,7 @@ def test_decode_step_llama2_7b_a100_matches_measured_ops(shared_data):
     """Must-show 2: a batch-1 decode step of Llama-2-7B on A100 lands within 10 % of the measured
     per-layer ops x 32 layers + measured embedding + the model's own stated terms (attention at
     the context length, LM head GEMM, iteration overhead)."""
-    from simulator.calibration.fit import read_mlp_csv
+    from simulator.calibration.data import read_mlp_csv
 
     m = read_mlp_csv(shared_data / "kernels/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv")
     row = (m.tokens == 1) & (m.tp == 1)

@@ -15,7 +15,7 @@ need several devices and are not profiled here.
 
 Times are in milliseconds with min/max/mean/median/std over `repeats` runs after `warmup` runs;
 CUDA times come from CUDA events, CPU times from perf_counter. Needs the optional extra:
-pip install 'kvsim[profile]'. Invariant: the CSVs round-trip through calibration.read_mlp_csv.
+pip install 'kvsim[profile]'. Invariant: the CSVs round-trip through calibration.data.read_mlp_csv.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from simulator.cli.common import check_in_dir, check_out_dir, make_console
 from simulator.errors import ConfigError
 
 if TYPE_CHECKING:
-    from simulator.calibration.fit import GpuFit
+    from simulator.calibration.gpu_fit import GpuFit
 
 DESCRIPTION = """Fit the cost model of one or more GPUs to measured kernel timings (Vidur's
 profiling layout: compute/<gpu>/<org>/<model>/mlp.csv, attention.csv, network/...). Prints
@@ -105,18 +105,17 @@ def main(args: argparse.Namespace) -> int:
 
     from rich.table import Table
 
-    from simulator.calibration.fit import (
-        catalogue_gpus,
+    from simulator.calibration.data import gpu_folders
+    from simulator.calibration.gpu_fit import fit_gpu
+    from simulator.calibration.report import params_table, parity_plot
+    from simulator.calibration.sections import (
         extrapolated_section,
-        fit_gpu,
-        gpu_folders,
         measured_section,
-        parity_plot,
         profile_path,
         profiles_dir,
-        transfer_errors,
         write_calibration,
     )
+    from simulator.calibration.transfer import catalogue_gpus, transfer_errors
     from simulator.hardware.gpus import get_gpu
 
     profiles = check_in_dir(args.profiles, "--profiles")
@@ -141,6 +140,8 @@ def main(args: argparse.Namespace) -> int:
     print_op_table(console, fits)
     print_lomo_table(console, fits)
     print_network(console, fits)
+    for f in fits:
+        console.print(params_table(f))
     transfers = transfer_errors(fits) if len(fits) > 1 else {}
     if transfers:
         table = Table(title="transfer check: donor's parameters on another measured GPU's specs, "

@@ -339,17 +339,24 @@ class CostModel:
         return max(pairs * self._attn_flops_c, kv_tokens * self._kv_c + t * self._q_c) + self._attn_o
 
     def describe(self) -> str:
+        """One line for run output: model, GPU, where the parameters come from (the data set they
+        were fitted on, as the profile's provenance names it) and a decode step's time."""
         cal = self.gpu.calibration or {}
+        prov = cal.get("provenance") or {}
+        dataset = prov.get("dataset") or "measured kernel timings"  # profiles from before `dataset`
+        date = f", fit {prov['fit_date']}" if prov.get("fit_date") else ""
         if self.status is None:
             src = ("UNCALIBRATED defaults (assumed efficiencies)" if self.params == CostParams()
                    else "explicit parameters (not from a GPU profile)")
         elif self.extrapolated:
             src = (f"EXTRAPOLATED from {cal.get('donor', '?')} via datasheet specs "
-                   f"(no kernel measurements for {self.gpu.name})")
+                   f"(no kernel measurements for {self.gpu.name}; donor calibrated on {dataset}{date})")
         else:
+            num_models = len(prov.get("models") or [])
+            models = f", {num_models} model{'s' if num_models != 1 else ''}" if num_models else ""
             worst = (cal.get("error") or {}).get("leave_one_model_out_mape_pct") or {}
-            tail = f"; leave-one-model-out MAPE <= {max(worst.values()):.1f}%" if worst else ""
-            src = f"calibrated on measured kernels ({cal.get('provenance', {}).get('data', '?')}{tail})"
+            tail = f" (leave-one-model-out MAPE <= {max(worst.values()):.1f}%)" if worst else ""
+            src = f"calibrated on {dataset}{models}{date}{tail}"
         return (f"cost model: {self.model.name} on {self.gpu.name} x tp={self.tp}, {src}; "
                 f"decode step at batch 1 / ctx 1024: "
                 f"{self.step_time(StepShape(1, 1, 1024, 1024)) * 1e3:.2f} ms")

@@ -1,0 +1,82 @@
+"""What a calibration shows a person: the parity plot (predicted vs measured, one panel per GPU)
+and the table of fitted parameters with their standard errors and t-intervals.
+
+matplotlib is imported inside the plot function, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from rich.table import Table
+
+from simulator.calibration.data import ALL_OPS
+from simulator.calibration.gpu_fit import GpuFit
+from simulator.calibration.score import predict_layer_sum, predict_ops
+from simulator.calibration.solve import t_interval
+
+
+def parity_plot(fits: list[GpuFit], path: Path) -> Path:
+    """Predicted vs measured per-op and per-layer times, one panel per GPU, log-log."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(fits), figsize=(5.2 * len(fits), 5), squeeze=False)
+    for ax, fit in zip(axes[0], fits):
+        for op in (*ALL_OPS, "layer"):
+            meas, pred = [], []
+            for m in fit.models:
+                p = predict_ops(m, fit.gpu, fit.params)
+                if op == "layer":
+                    meas.append(m.layer_sum())
+                    pred.append(predict_layer_sum(m, fit.gpu, fit.params))
+                elif op in m.ops:
+                    meas.append(m.ops[op])
+                    pred.append(p[op])
+            if not meas:
+                continue
+            x, y = np.concatenate(meas) * 1e3, np.concatenate(pred) * 1e3
+            keep = ~np.isnan(x)
+            style = {"s": 4, "alpha": 0.35} if op != "layer" else {"s": 5, "alpha": 0.6, "c": "k"}
+            ax.scatter(x[keep], y[keep], label=op, **style)
+        lo, hi = 5e-4, 2e2
+        grid = np.array([lo, hi])
+        ax.plot(grid, grid, "k-", lw=0.8)
+        for f in (0.9, 1.1):
+            ax.plot(grid, grid * f, "k:", lw=0.6)
+        ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured (ms)",
+               ylabel="predicted (ms)",
+               title=f"{fit.gpu.name}: layer-sum MAPE {fit.errors['layer'].mape_pct:.1f}%")
+        ax.legend(fontsize=6, markerscale=2, loc="upper left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def params_table(fit: GpuFit, level: float = 0.95) -> Table:
+    """One GPU's parameters: value, standard error and Student t interval (scipy.stats.t, the
+    fit's residual degrees of freedom) for each fitted one; the rest say why they have none.
+    Seconds are shown in microseconds, so the table fits 80 columns."""
+    title = (f"{fit.gpu.name}: fitted parameters ({fit.objective.describe()}), standard error from the "
+             f"Jacobian, {level:.0%} t-interval")
+    table = Table(title=title, title_justify="left")
+    for col in ("parameter", "value", "std error", f"{level:.0%} interval"):
+        table.add_column(col, justify="left" if col == "parameter" else "right")
+    for name, value in fit.params.as_dict().items():
+        scale, shown = (1e6, f"{name} (us)") if name.endswith("_s") else (1.0, name)
+        stat = fit.stats.get(name)
+        if stat is None:
+            cells = ("-", "not fitted")
+        elif stat.at_bound:
+            cells = ("-", f"on {stat.at_bound} bound {stat.bound * scale:g}")
+        elif stat.std_error is None:
+            cells = ("-", "not determined")
+        else:
+            lo, hi = t_interval(value, stat, level)
+            cells = (f"{stat.std_error * scale:.2g}", f"{lo * scale:.4g} .. {hi * scale:.4g}")
+        table.add_row(shown, f"{value * scale:.4g}", *cells)
+    return table

@@ -1,0 +1,51 @@
+"""Transfer to GPUs without measurements: the nearest measured GPU in spec space is the donor of
+its fitted efficiencies and overheads, and each measured GPU's parameters applied to another
+measured GPU's specs give the measured price of that extrapolation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from simulator.calibration.gpu_fit import GpuFit
+from simulator.calibration.score import ErrorStats, ape, predict_layer_sum
+from simulator.errors import ConfigError
+from simulator.hardware.gpus import GpuSpec, get_gpu, gpu_names
+
+
+def spec_distance(a: GpuSpec, b: GpuSpec) -> float:
+    """Distance in (log peak bf16 FLOP/s, log memory bandwidth): the two specs the roofline uses."""
+    return math.hypot(math.log(a.peak_flops(2) / b.peak_flops(2)),
+                      math.log(a.hbm_bandwidth_gbps / b.hbm_bandwidth_gbps))
+
+
+def nearest_donor(target: GpuSpec, measured: list[GpuSpec]) -> GpuSpec:
+    if not measured:
+        raise ConfigError("no measured GPU to transfer parameters from")
+    return min(measured, key=lambda g: (spec_distance(target, g), g.name))
+
+
+def transfer_errors(fits: list[GpuFit]) -> dict[tuple[str, str], ErrorStats]:
+    """(donor, other) -> error of the donor's parameters applied to the other measured GPU's specs:
+    the measured price of extrapolating across GPUs."""
+    out = {}
+    for donor in fits:
+        for other in fits:
+            if other is donor:
+                continue
+            apes = [ape(predict_layer_sum(m, other.gpu, donor.params), m.layer_sum()) for m in other.models]
+            out[(donor.gpu.name, other.gpu.name)] = ErrorStats.of(np.concatenate(apes))
+    return out
+
+
+
+def catalogue_gpus() -> list[GpuSpec]:
+    seen, out = set(), []
+    for name in gpu_names():
+        g = get_gpu(name)
+        if g.name not in seen:
+            seen.add(g.name)
+            out.append(g)
+    return out
