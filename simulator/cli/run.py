@@ -8,7 +8,6 @@ metric to OUT/seeds_summary.json (metrics.aggregate_seeds)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -132,7 +131,7 @@ def _main_seeds(args: argparse.Namespace, config) -> int:
     err = Console(stderr=True)
     summaries = []
     for seed in seeds:
-        result = run(dataclasses.replace(config, seed=seed))
+        result = run(config.replace(seed=seed))
         result.write(out / f"seed_{seed}", interval_s=args.metrics_interval_s)
         summaries.append(result.summary)
         if not args.quiet:
