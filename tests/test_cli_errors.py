@@ -33,6 +33,13 @@ def run_cli(capsys, *args):
     (["--set", "workload.arrival.rate=-1"], "workload.arrival.rate must be > 0, got -1"),
     (["--set", "workload.prompt_tokens.dist=zipff"], "unknown length distribution 'zipff'"),
     (["no-such.yaml"], "config file no-such.yaml: not found"),
+    (["--set", "seed=-1"], "seed must be a non-negative integer, got -1"),
+    (["--set", "engine.eviction_params=60"], "engine.eviction_params must be a mapping, got 60"),
+    (["--set", "workload.tenants=[{name: a, priorty: 1}]"],
+     "workload.tenants[0]: unknown key 'priorty' (did you mean 'priority'?)"),
+    (["--set", "slo.ttft_s=0"], "slo.ttft_s must be a number of seconds > 0"),
+    (["--set", "cluster.router=round_robbin"], "unknown router 'round_robbin' (did you mean 'round_robin'?)"),
+    (["--set", "cluster.replicas=0"], "cluster.replicas must be an integer >= 1, got 0"),
 ])
 def test_bad_input_is_one_clear_line(capsys, args, expected):
     code, err = run_cli(capsys, *args)
@@ -47,6 +54,15 @@ def test_bad_yaml_file(tmp_path, capsys):
     bad.write_text("engine:\n  block_size: [1,\n")
     code, err = run_cli(capsys, str(bad))
     assert code == 2 and f"config file {bad}: invalid YAML" in err.splitlines()[0]
+
+
+@pytest.mark.parametrize("text", ["", "# a comment, no settings\n"])
+def test_empty_yaml_file_is_refused(tmp_path, capsys, text):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text(text)
+    code, err = run_cli(capsys, str(empty))
+    assert code == 2 and len(err.splitlines()) == 1
+    assert f"config file {empty}: no settings (the file is empty or holds only comments)" in err
 
 
 def test_vllm_flags_reach_the_engine(tmp_path, capsys):

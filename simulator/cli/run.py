@@ -153,7 +153,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main_seeds(args: argparse.Namespace, config) -> int:
-    import dataclasses
     import json
 
     from simulator.engine.run import run
@@ -168,7 +167,7 @@ def _main_seeds(args: argparse.Namespace, config) -> int:
         if not args.quiet and not summaries:
             print_setup(out_console, setup)
     for seed in seeds:
-        result = run(dataclasses.replace(config, seed=seed), on_setup=on_setup)
+        result = run(config.replace(seed=seed), on_setup=on_setup)
         result.write(out / f"seed_{seed}", interval_s=args.metrics_interval_s)
         summaries.append(result.summary)
         if not args.quiet:

@@ -74,7 +74,7 @@ def load_source(source: str, fmt: str | None = None, overrides: list[str] | None
     from simulator.workload.load import generate
 
     path = Path(source)
-    fields = set(WorkloadConfig.__dataclass_fields__)
+    fields = set(WorkloadConfig.model_fields)
     if path.suffix in (".yaml", ".yml"):
         data = load_config(path)
         if "workload" not in data and data and set(data) <= fields:

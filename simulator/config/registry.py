@@ -43,14 +43,12 @@ def load_plugins() -> None:
                               f"{ENTRY_POINT_GROUP} failed to load: {type(e).__name__}: {e}") from None
 
 
-def params_error(where: str, err: Any) -> ConfigError:
-    """One line from a pydantic ValidationError: the first failing field, its value and rule."""
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first.get("loc", ()))
-    field = f"{where}.{loc}" if loc else where
-    if first.get("type") == "extra_forbidden":
-        return ConfigError(f"{field}: unknown key")
-    return ConfigError(f"{field}: {first.get('msg', 'invalid')}, got {first.get('input')!r}")
+def params_error(where: str, err: Any, model: type | None = None) -> ConfigError:
+    """One line from a pydantic ValidationError: the first failing field, its value and rule
+    (fields.config_error; `model` lets an unknown key list the valid ones)."""
+    from simulator.config.fields import config_error
+
+    return config_error(err, where, model)
 
 
 class Registry(Generic[T]):
@@ -122,7 +120,7 @@ class Registry(Generic[T]):
         try:
             return model.model_validate(params).model_dump()
         except ValidationError as e:
-            raise params_error(where, e) from None
+            raise params_error(where, e, model) from None
 
     def build(self, name: str, params: dict[str, Any] | None = None, where: str = "",
               *args: Any, **context: Any) -> Any:

@@ -1,165 +1,154 @@
 """Configuration: gathered from YAML + `--set` overrides + vLLM-style flags, validated once.
 
-`SimConfig` is a tree of frozen dataclasses. Every rule raises one ConfigError naming the
-field, the value and the allowed range; unknown keys are rejected with a "did you mean" hint.
+`SimConfig` is a tree of frozen pydantic sections (fields.Section): engine, workload, slo,
+alerts, cluster. It is built once, at load (from_dict / build_config); every rule is one
+ConfigError naming the dotted field, the value and the allowed range, and unknown keys are
+rejected with a "did you mean" hint. `to_dict()` holds every section in force, defaults
+included: a run directory's config.yaml.
+Relative paths in a YAML file resolve against the file's own folder first (paths.rebase_paths).
 `None` engine defaults are resolved against the GPU like vLLM does (`resolve_engine`).
+Plug-in names (kv_allocator, eviction_policy, scheduler, queue_policy, cluster.router) and
+their params are checked by the engine against its registries: config is below the engine.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
+from pydantic import BaseModel, ValidationError, model_validator
 
+from simulator.config.fields import (
+    Bool,
+    Name,
+    NonNegInt,
+    Params,
+    PosInt,
+    Section,
+    Text,
+    config_error,
+    dump,
+    fail,
+    number,
+    one_of,
+)
+from simulator.config.paths import rebase_paths
+from simulator.config.sections import AlertsConfig, ClusterConfig, SloConfig
 from simulator.config.workload import WorkloadConfig
-from simulator.config.workload import positive_int as _positive_int
 from simulator.errors import ConfigError, did_you_mean
 
 
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
+class EngineConfig(Section):
     """Engine knobs, named as vLLM names them. None = vLLM's default for the GPU."""
 
-    block_size: int = 16  # vLLM's default on CUDA
-    gpu_memory_utilization: float = 0.9  # vLLM's default
-    max_model_len: int | None = None  # None: the model's max_position_embeddings (vLLM)
-    max_num_seqs: int | None = None  # None: 256, or 1024 on >= 70 GiB non-A100 GPUs (vLLM)
-    max_num_batched_tokens: int | None = None  # None: 2048, or 8192 on >= 70 GiB non-A100 (vLLM)
-    tensor_parallel_size: int = 1
-    activation_reserve_gib: float | None = None  # None: estimated (memory.py)
-    num_gpu_blocks_override: int | None = None  # vLLM's flag: use this many KV blocks instead
-    kv_allocator: str = "paged"  # paged | contiguous
-    contiguous_reserve: str = "max_model_len"  # max_model_len | pow2 | oracle (contiguous only)
-    enable_prefix_caching: bool = True  # vLLM v1's default (paged only)
-    eviction_policy: str = "lru"  # lru | lru_ttl | lfu (which cached blocks are reused first)
-    eviction_ttl_s: float = 60.0  # lru_ttl: blocks not accessed for this long are evicted first
-    scheduler: str = "continuous"  # continuous | static
-    enable_chunked_prefill: bool = True  # vLLM v1; false: prefill-first steps (vLLM v0)
-    prefill_chunk_size: int | None = None  # the seed's name for the token budget per step
-    queue_policy: str = "fcfs"  # fcfs | priority | tiered
-    queue_params: dict = field(default_factory=dict)  # tiered: {by, tiers: [...]}
-    preemption_mode: str = "recompute"  # recompute (vLLM v1) | swap (vLLM v0)
-    swap_space_gib: float = 4.0  # CPU swap space per GPU, vLLM v0's default
-    # vLLM 0.33's default: admit a waiting request only if its whole sequence fits the KV pool
-    scheduler_reserve_full_isl: bool = True
-    backend: str = "kvsim"  # kvsim | vllm (vLLM's own v1 scheduler, docs/parity.md)
+    where: ClassVar[str] = "engine"
 
-    def __post_init__(self) -> None:
-        s = "engine"
-        _positive_int(s, "block_size", self.block_size)
-        if not (isinstance(self.gpu_memory_utilization, (int, float))
-                and 0 < self.gpu_memory_utilization <= 1):
-            raise ConfigError(f"{s}.gpu_memory_utilization must be in (0, 1], "
-                              f"got {self.gpu_memory_utilization!r}")
-        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                     "num_gpu_blocks_override"):
-            _positive_int(s, name, getattr(self, name), allow_none=True)
-        _positive_int(s, "tensor_parallel_size", self.tensor_parallel_size)
-        if self.activation_reserve_gib is not None and not self.activation_reserve_gib >= 0:
-            raise ConfigError(f"{s}.activation_reserve_gib must be >= 0, "
-                              f"got {self.activation_reserve_gib!r}")
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise ConfigError(f"{s}.enable_prefix_caching must be true or false, "
-                              f"got {self.enable_prefix_caching!r}")
-        if isinstance(self.eviction_ttl_s, bool) or not (
-                isinstance(self.eviction_ttl_s, (int, float)) and self.eviction_ttl_s > 0):
-            raise ConfigError(f"{s}.eviction_ttl_s must be > 0 seconds, got {self.eviction_ttl_s!r}")
-        if self.backend not in ("kvsim", "vllm"):
-            hint = did_you_mean(str(self.backend), ["kvsim", "vllm"])
-            raise ConfigError(f"{s}.backend must be kvsim or vllm{hint}, got {self.backend!r}")
-        for flag in ("enable_chunked_prefill", "scheduler_reserve_full_isl"):
-            if not isinstance(getattr(self, flag), bool):
-                raise ConfigError(f"{s}.{flag} must be true or false, got {getattr(self, flag)!r}")
-        _positive_int(s, "prefill_chunk_size", self.prefill_chunk_size, allow_none=True)
+    block_size: PosInt = 16  # vLLM's default on CUDA
+    gpu_memory_utilization: number("must be in (0, 1]", gt=0, le=1) = 0.9  # type: ignore[valid-type]  # vLLM's
+    max_model_len: PosInt | None = None  # None: the model's max_position_embeddings (vLLM)
+    max_num_seqs: PosInt | None = None  # None: 256, or 1024 on >= 70 GiB non-A100 GPUs (vLLM)
+    max_num_batched_tokens: PosInt | None = None  # None: 2048, or 8192 on >= 70 GiB non-A100 (vLLM)
+    tensor_parallel_size: PosInt = 1
+    activation_reserve_gib: number("must be >= 0", ge=0) | None = None  # type: ignore[valid-type]  # None: estimated
+    num_gpu_blocks_override: PosInt | None = None  # vLLM's flag: use this many KV blocks instead
+    kv_allocator: Name = "paged"  # paged | contiguous (or a plug-in)
+    kv_allocator_params: Params = {}  # the allocator's own params (checked by its params model)
+    contiguous_reserve: one_of("max_model_len", "pow2", "oracle") = "max_model_len"  # type: ignore[valid-type]
+    enable_prefix_caching: Bool = True  # vLLM v1's default (paged only)
+    eviction_policy: Name = "lru"  # lru | lru_ttl | lfu (which cached blocks are reused first)
+    eviction_params: Params = {}  # the policy's own params (checked by its params model)
+    # lru_ttl: blocks not accessed for this long are evicted first (.inf: never)
+    eviction_ttl_s: number("must be > 0 seconds", finite=False, gt=0) = 60.0  # type: ignore[valid-type]
+    scheduler: Name = "continuous"  # continuous | static
+    enable_chunked_prefill: Bool = True  # vLLM v1; false: prefill-first steps (vLLM v0)
+    prefill_chunk_size: PosInt | None = None  # the seed's name for the token budget per step
+    queue_policy: Name = "fcfs"  # fcfs | priority | tiered
+    queue_params: Params = {}  # tiered: {by, tiers: [...]}
+    preemption_mode: one_of("recompute", "swap", text="must be recompute or swap") = "recompute"  # type: ignore[valid-type]
+    swap_space_gib: number("must be > 0", gt=0) = 4.0  # type: ignore[valid-type]  # CPU swap space per GPU, vLLM v0's
+    # vLLM 0.33's default: admit a waiting request only if its whole sequence fits the KV pool
+    scheduler_reserve_full_isl: Bool = True
+    backend: one_of("kvsim", "vllm", text="must be kvsim or vllm") = "kvsim"  # type: ignore[valid-type]  # vllm: docs/parity.md
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> EngineConfig:
         if (self.prefill_chunk_size is not None and self.max_num_batched_tokens is not None
                 and self.prefill_chunk_size != self.max_num_batched_tokens):
-            raise ConfigError(f"{s}.prefill_chunk_size ({self.prefill_chunk_size}) and "
-                              f"max_num_batched_tokens ({self.max_num_batched_tokens}) name the same "
-                              f"budget; set one of them")
-        if self.preemption_mode not in ("recompute", "swap"):
-            raise ConfigError(f"{s}.preemption_mode must be recompute or swap, "
-                              f"got {self.preemption_mode!r}")
-        if isinstance(self.swap_space_gib, bool) or not (
-                isinstance(self.swap_space_gib, (int, float)) and self.swap_space_gib > 0):
-            raise ConfigError(f"{s}.swap_space_gib must be > 0, got {self.swap_space_gib!r}")
-        if not isinstance(self.queue_params, dict):
-            raise ConfigError(f"{s}.queue_params must be a mapping, got {self.queue_params!r}")
-        if self.contiguous_reserve not in ("max_model_len", "pow2", "oracle"):
-            raise ConfigError(f"{s}.contiguous_reserve must be one of max_model_len, pow2, oracle, "
-                              f"got {self.contiguous_reserve!r}")
+            raise fail(f".prefill_chunk_size ({self.prefill_chunk_size}) and max_num_batched_tokens "
+                       f"({self.max_num_batched_tokens}) name the same budget; set one of them")
+        return self
 
 
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    model: str = "meta-llama/Llama-3.1-8B"
-    gpu: str = "h100-sxm"
-    seed: int = 0
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
-    alerts: dict = field(default_factory=dict)  # rule overrides (alerts.py); {} = seed defaults
-    slo: dict = field(default_factory=dict)  # ttft_s / tpot_s targets (metrics.py); {} = defaults
-    cluster: dict = field(default_factory=dict)  # replicas / router (cluster.py); {} = one replica
+class SimConfig(Section):
+    """One simulation: model, GPU, seed and the sections. Sections left out (or null) are
+    their defaults."""
 
-    def __post_init__(self) -> None:
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
-        from simulator.metrics.alerts import resolve_rules  # each section is validated by its owner
-        from simulator.metrics.summary import resolve_slo
-        resolve_rules(self.alerts)
-        resolve_slo(self.slo)
-        from simulator.engine.cluster import resolve_cluster
-        resolve_cluster(self.cluster)
+    model: Text = "meta-llama/Llama-3.1-8B"  # a catalogue name or a path to a config.json
+    gpu: Text = "h100-sxm"  # a catalogue name or a path to a profile YAML
+    seed: NonNegInt = 0
+    engine: EngineConfig = EngineConfig()
+    workload: WorkloadConfig = WorkloadConfig()
+    alerts: AlertsConfig = AlertsConfig.from_section(None)  # the default rules; YAML overlays them
+    slo: SloConfig = SloConfig()  # ttft_s / tpot_s targets
+    cluster: ClusterConfig = ClusterConfig()  # one replica
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    @model_validator(mode="before")
+    @classmethod
+    def _null_sections(cls, data: Any) -> Any:
+        if isinstance(data, dict) and any(data.get(k, 0) is None for k in _ALL_SECTIONS):
+            data = {k: v for k, v in data.items() if not (k in _ALL_SECTIONS and v is None)}
+        return data
 
-
-_SECTIONS = {"engine": EngineConfig, "workload": WorkloadConfig}
-
-
-def _field_names(cls) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
+    def replace(self, **changes: Any) -> SimConfig:
+        """A copy with top-level fields changed, validated (dataclasses.replace, for a model)."""
+        try:
+            return SimConfig.model_validate({**self.__dict__, **changes})
+        except ValidationError as e:
+            raise config_error(e) from None
 
 
-def _build(cls, data: dict[str, Any], where: str):
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
-    names = _field_names(cls)
-    kwargs = {}
-    for key, value in data.items():
-        if key not in names:
-            raise ConfigError(f"{where}: unknown key {key!r}{did_you_mean(key, names)}; "
-                              f"valid: {', '.join(names)}")
-        if key in _SECTIONS and cls is SimConfig:
-            value = _build(_SECTIONS[key], value or {}, key)
-        kwargs[key] = value
-    try:
-        return cls(**kwargs)
-    except TypeError as e:
-        raise ConfigError(f"{where}: {e}") from None
+_ALL_SECTIONS = ("engine", "workload", "alerts", "slo", "cluster")
+# Sections with fixed field names (a bare `--set name=value` names one of their fields).
+SECTIONS: dict[str, type[Section]] = {"engine": EngineConfig, "workload": WorkloadConfig,
+                                      "slo": SloConfig, "cluster": ClusterConfig}
+_SECTIONS = SECTIONS  # the name analysis/sweep.py imports
+
+
+def _field_names(cls: type[BaseModel]) -> list[str]:
+    return list(cls.model_fields)
 
 
 def from_dict(data: dict[str, Any]) -> SimConfig:
-    return _build(SimConfig, data, "config")
+    """The validated config from raw data (YAML + overrides), or one ConfigError line."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: expected a mapping, got {type(data).__name__}")
+    try:
+        return SimConfig.model_validate(data)
+    except ValidationError as e:
+        raise config_error(e) from None
 
 
 def load_config(path: str | Path | None) -> dict[str, Any]:
-    """Raw dict from a YAML file (validated later, after overrides)."""
+    """Raw dict from a YAML file (validated later, after overrides). Relative paths in it that
+    exist beside the file are rewritten to reach them (paths.rebase_paths); an empty file is
+    refused (it would silently run the defaults)."""
     if path is None:
         return {}
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path}: not found")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path}: invalid YAML ({e})") from None
+    if data is None:
+        raise ConfigError(f"config file {path}: no settings (the file is empty or holds only "
+                          f"comments); write {{}} to run the defaults")
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: top level must be a mapping")
-    return data
+    return rebase_paths(data, path.parent)
 
 
 def parse_value(text: str) -> Any:
@@ -175,11 +164,11 @@ def apply_override(data: dict[str, Any], key: str, value: Any) -> None:
     parts = key.split(".")
     top = _field_names(SimConfig)
     if len(parts) == 1 and parts[0] not in top:
-        owners = [s for s, cls in _SECTIONS.items() if parts[0] in _field_names(cls)]
+        owners = [s for s, cls in SECTIONS.items() if parts[0] in _field_names(cls)]
         if len(owners) == 1:
             parts = [owners[0], parts[0]]
         else:
-            every = top + [f"{s}.{n}" for s, c in _SECTIONS.items() for n in _field_names(c)]
+            every = top + [f"{s}.{n}" for s, c in SECTIONS.items() for n in _field_names(c)]
             raise ConfigError(f"--set: unknown key {key!r}{did_you_mean(key, every)}")
     node = data
     for depth, p in enumerate(parts[:-1]):
@@ -192,22 +181,26 @@ def apply_override(data: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def split_override(item: str, flag: str = "--set") -> tuple[str, Any]:
+    """`key=value` -> (key, YAML-typed value): the one parser of `--set`-style pairs."""
+    if "=" not in item:
+        raise ConfigError(f"{flag} expects key=value, got {item!r}")
+    k, v = item.split("=", 1)
+    return k.strip(), parse_value(v)
+
+
 def apply_overrides(data: dict[str, Any], items: list[str] | None, where: str = "") -> None:
     """Apply `--set key=value` items in order to a raw config dict (`where` prefixes errors)."""
     for item in items or []:
-        if "=" not in item:
-            raise ConfigError(f"{where}--set expects key=value, got {item!r}")
-        k, v = item.split("=", 1)
-        apply_override(data, k.strip(), parse_value(v))
+        apply_override(data, *split_override(item, f"{where}--set"))
 
 
 def _default_mapping(section: str, name: str) -> dict[str, Any]:
-    cls = _SECTIONS.get(section)
-    for f in dataclasses.fields(cls) if cls else ():
-        if f.name == name and f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-            return dict(default) if isinstance(default, dict) else {}
-    return {}
+    """The default of a mapping-valued field as plain data ({} if it has none)."""
+    cls = SECTIONS.get(section)
+    info = cls.model_fields.get(name) if cls else None
+    default = info.get_default(call_default_factory=True) if info else None
+    return dump(default) if isinstance(default, (dict, BaseModel)) else {}
 
 
 def build_config(path: str | Path | None = None, overrides: list[str] | None = None,

@@ -36,6 +36,7 @@ import pandas as pd
 import simpy
 
 from simulator.config.registry import Registry
+from simulator.config.sections import ClusterConfig
 from simulator.engine.replica import Replica, feed_arrivals
 from simulator.errors import ConfigError, did_you_mean
 from simulator.metrics.summary import MetricsRecorder, summarize
@@ -55,6 +56,8 @@ class ClusterSpec:
 
 def resolve_cluster(spec: dict[str, Any] | None) -> ClusterSpec:
     """The validated `cluster:` section (one ConfigError per rule, naming field and value)."""
+    if isinstance(spec, ClusterConfig):  # the config's typed section
+        spec = spec.to_dict()
     if spec is None:
         spec = {}
     if not isinstance(spec, dict):

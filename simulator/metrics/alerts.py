@@ -17,32 +17,21 @@ Signals:
                     + increase(vllm:request_success_total[W])).
 
 The seed's defaults are DEFAULT_RULES; YAML `alerts:` overrides fields of a rule by name,
-disables one with `enabled: false`, or adds a rule with its own `signal`.
+disables one with `enabled: false`, or adds a rule with its own `signal`. The rules are typed
+and validated in the config (config/sections.py: AlertsConfig); this module evaluates them.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from simulator.errors import ConfigError, did_you_mean
+from simulator.config.sections import DEFAULT_RULES, RULE_KEYS, SIGNALS, AlertsConfig  # noqa: F401 (re-exported)
+from simulator.errors import ConfigError
 from simulator.metrics.timeseries import StepFunction, gauge, run_window, step_ends
-
-SIGNALS = ("kv_usage", "pending", "running", "preemption_rate")
-
-# The seed's thresholds. The 5 s "sustained" window for the queue and the 10 s rate window are
-# assumptions sized for runs of a minute or more (Prometheus rules typically use minutes).
-DEFAULT_RULES: dict[str, dict[str, Any]] = {
-    "kv_usage_high": {"signal": "kv_usage", "threshold": 0.85, "for_s": 0.0},
-    "pending_high": {"signal": "pending", "threshold": 10, "for_s": 5.0},
-    "preemption_rate_high": {"signal": "preemption_rate", "threshold": 0.05, "for_s": 0.0,
-                             "window_s": 10.0},
-}
-RULE_KEYS = ("signal", "threshold", "for_s", "window_s", "enabled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,56 +72,14 @@ class Firing:
         return d
 
 
-def _number(where: str, value: Any, *, low: float, strict: bool = False) -> float:
-    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-          and (value > low if strict else value >= low))
-    if not ok:
-        raise ConfigError(f"{where} must be a number {'>' if strict else '>='} {low:g}, got {value!r}")
-    return float(value)
-
-
-def resolve_rules(spec: dict[str, Any] | None) -> list[AlertRule]:
-    """Defaults overlaid with the YAML `alerts:` mapping, validated. Order: defaults first, then
-    added rules, each group in the order written."""
-    if spec is None:
-        spec = {}
-    if not isinstance(spec, dict):
-        raise ConfigError(f"alerts: expected a mapping of rule name -> fields, got {spec!r}")
-    merged: dict[str, dict[str, Any]] = {k: dict(v) for k, v in DEFAULT_RULES.items()}
-    for name, fields in spec.items():
-        where = f"alerts.{name}"
-        if fields is None:
-            fields = {}
-        if not isinstance(fields, dict):
-            raise ConfigError(f"{where}: expected a mapping of {', '.join(RULE_KEYS)}, got {fields!r}")
-        for key in fields:
-            if key not in RULE_KEYS:
-                raise ConfigError(f"{where}: unknown key {key!r}{did_you_mean(key, RULE_KEYS)}; "
-                                  f"valid: {', '.join(RULE_KEYS)}")
-        if name not in merged and "signal" not in fields:
-            raise ConfigError(f"{where}: a new rule needs a signal (one of {', '.join(SIGNALS)}); "
-                              f"built-in rules are {', '.join(DEFAULT_RULES)}"
-                              f"{did_you_mean(name, list(DEFAULT_RULES))}")
-        merged.setdefault(name, {"for_s": 0.0}).update(fields)
-    rules = []
-    for name, f in merged.items():
-        where = f"alerts.{name}"
-        enabled = f.get("enabled", True)
-        if not isinstance(enabled, bool):
-            raise ConfigError(f"{where}.enabled must be true or false, got {enabled!r}")
-        if not enabled:
-            continue
-        if f.get("signal") not in SIGNALS:
-            raise ConfigError(f"{where}.signal must be one of {', '.join(SIGNALS)}, got "
-                              f"{f.get('signal')!r}{did_you_mean(f.get('signal'), SIGNALS)}")
-        if "threshold" not in f:
-            raise ConfigError(f"{where}: missing threshold")
-        rules.append(AlertRule(
-            name=name, signal=f["signal"],
-            threshold=_number(f"{where}.threshold", f["threshold"], low=0.0),
-            for_s=_number(f"{where}.for_s", f.get("for_s", 0.0), low=0.0),
-            window_s=_number(f"{where}.window_s", f.get("window_s", 10.0), low=0.0, strict=True)))
-    return rules
+def resolve_rules(spec: AlertsConfig | dict[str, Any] | None) -> list[AlertRule]:
+    """The enabled rules of the `alerts:` section (config/sections.py: the defaults overlaid
+    with the YAML's rules, validated there). Order: defaults first, then added rules, each
+    group in the order written. `spec`: the config's section, or raw YAML data."""
+    alerts = AlertsConfig.from_section(spec)
+    return [AlertRule(name=name, signal=r.signal, threshold=float(r.threshold),
+                      for_s=float(r.for_s), window_s=float(r.window_s))
+            for name, r in alerts.items() if r.enabled]
 
 
 def preemption_rate(requests: pd.DataFrame, iterations: pd.DataFrame, window_s: float) -> StepFunction:

@@ -17,13 +17,13 @@ directory's parquet files reproduce every gauge, alert and plot.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from simulator.errors import ConfigError, did_you_mean
+from simulator.config.sections import SloConfig
+from simulator.errors import did_you_mean
 from simulator.metrics.alerts import evaluate, resolve_rules, summarize_alerts
 from simulator.metrics.timeseries import StepFunction, gauge, integral, run_window, step_ends, time_weighted
 from simulator.workload.request import Request
@@ -134,34 +134,14 @@ class MetricsRecorder:
 
 
 # --- SLO -------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class SloTargets:
-    """A request meets the SLO when it finished, its TTFT <= ttft_s and its TPOT <= tpot_s
-    (a request with one output token has no TPOT and passes that part). None: not checked."""
-
-    # Assumptions, not vLLM facts: 2 s TTFT is DESIGN.md's capacity question; 100 ms TPOT
-    # (10 tokens/s per stream) is a common interactive floor.
-    ttft_s: float | None = 2.0
-    tpot_s: float | None = 0.1
+SloTargets = SloConfig  # ttft_s / tpot_s, None: not checked (config/sections.py)
+SLO_KEYS = tuple(SloConfig.model_fields)
 
 
-SLO_KEYS = ("ttft_s", "tpot_s")
-
-
-def resolve_slo(spec: dict[str, Any] | None) -> SloTargets:
-    if spec is None:
-        spec = {}
-    if not isinstance(spec, dict):
-        raise ConfigError(f"slo: expected a mapping with {', '.join(SLO_KEYS)}, got {spec!r}")
-    for key, value in spec.items():
-        if key not in SLO_KEYS:
-            raise ConfigError(f"slo: unknown key {key!r}{did_you_mean(key, SLO_KEYS)}; "
-                              f"valid: {', '.join(SLO_KEYS)}")
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value) or value <= 0):
-            raise ConfigError(f"slo.{key} must be a number of seconds > 0 (or null: not "
-                              f"checked), got {value!r}")
-    return SloTargets(**{k: (None if v is None else float(v)) for k, v in spec.items()})
+def resolve_slo(spec: SloConfig | dict[str, Any] | None) -> SloConfig:
+    """The SLO targets: the config's section as is, or raw YAML data validated (defaults
+    2 s TTFT, 0.1 s TPOT)."""
+    return spec if isinstance(spec, SloConfig) else SloConfig.from_section(spec)
 
 
 # --- statistics ------------------------------------------------------------------------------
