@@ -4,10 +4,12 @@
 
 Llama-2-13B on one A100-40GB (little KV room: preemption is frequent) serving long outputs
 (Poisson arrivals, prompts lognormal mean 600, outputs lognormal mean 900), block sizes
-8..128, preemption by recompute or swap (4 GiB CPU space) over PCIe Gen4 (25 GB/s) or Gen5
+16..128, preemption by recompute or swap (4 GiB CPU space) over PCIe Gen4 (25 GB/s) or Gen5
 (50 GB/s), 10 us per transfer, one transfer per block per K/V tensor per layer as vLLM v0
 swaps. Writes
 experiments/results/swap_vs_recompute.md and .png.
+NOTE: no block below 16: vLLM 0.33's CUDA and ROCm attention backends take only multiples of
+16, and kvsim refuses the rest (simulator/hardware/vllm_limits.py).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from simulator.config.schema import build_config  # noqa: E402
 from simulator.engine.run import run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
-BLOCK_SIZES = (8, 16, 32, 64, 128)
+BLOCK_SIZES = (16, 32, 64, 128)
 LINKS = {"gen4": 25.0, "gen5": 50.0}
 
 
@@ -134,24 +136,38 @@ def conclusions(rows: list[dict]) -> list[str]:
         return next(r for r in rows if r["block"] == block and r["mode"] == mode and r["link"] == link)
     lo, hi = BLOCK_SIZES[0], BLOCK_SIZES[-1]
     rec = [get(b, "recompute", "-")["tput"] for b in BLOCK_SIZES]
+    spread = (max(rec) - min(rec)) / max(rec)
+    share_lo, share_hi = get(lo, "swap", "gen4")["swap_share"], get(hi, "swap", "gen4")["swap_share"]
     def wins(link):
         return [str(b) for b in BLOCK_SIZES
                 if get(b, "swap", link)["tput"] > get(b, "recompute", "-")["tput"]]
+    rec_lo, g4_lo, g5_lo = (get(lo, "recompute", "-")["tput"], get(lo, "swap", "gen4")["tput"],
+                            get(lo, "swap", "gen5")["tput"])
+    gap = max(abs(r["tput"] / get(r["block"], "recompute", "-")["tput"] - 1) for r in rows)
+    at_lo = ("recompute wins" if rec_lo >= max(g4_lo, g5_lo) else
+             "swap wins over Gen5 only" if g5_lo > rec_lo >= g4_lo else "swap wins")
     return [
-        f"- **Recompute is flat across block sizes** ({min(rec):.0f}-{max(rec):.0f} output tok/s), "
-        "as PagedAttention reports: its cost is prefill compute, which block size does not change.",
-        f"- **Swap suffers at small blocks**: its time share falls from "
-        f"{100 * get(lo, 'swap', 'gen4')['swap_share']:.1f} % (block {lo}) to "
-        f"{100 * get(hi, 'swap', 'gen4')['swap_share']:.1f} % (block {hi}) on Gen4, because each "
+        f"- **Recompute is {'flat' if spread <= 0.05 else 'not flat'} across block sizes** "
+        f"({min(rec):.0f}-{max(rec):.0f} output tok/s, {100 * spread:.1f} % apart)"
+        + (", as PagedAttention reports: its cost is prefill compute, which block size does not change."
+           if spread <= 0.05 else "."),
+        f"- **Swap {'suffers' if share_lo > share_hi else 'does not suffer'} at small blocks**: its "
+        f"time share {'falls' if share_lo > share_hi else 'goes'} from {100 * share_lo:.1f} % (block {lo}) "
+        f"to {100 * share_hi:.1f} % (block {hi}) on Gen4, because each "
         "block is one copy per K/V tensor per layer and pays the per-copy latency.",
         f"- **Where each wins**: swap beats recompute at block sizes {', '.join(wins('gen4')) or 'none'} "
         f"over PCIe Gen4 and {', '.join(wins('gen5')) or 'none'} over Gen5 (half the bandwidth "
-        f"time per byte); at block {lo} recompute wins ({get(lo, 'recompute', '-')['tput']:.0f} vs "
-        f"{get(lo, 'swap', 'gen4')['tput']:.0f} (Gen4) / {get(lo, 'swap', 'gen5')['tput']:.0f} (Gen5) "
-        "tok/s): there the per-copy latency dominates the swap time.",
-        "- The differences are a few percent of throughput: preemption is frequent here but its "
-        "cost, either way, is small next to decoding. The per-copy latency (10 us) is an "
+        f"time per byte); at block {lo} {at_lo} ({rec_lo:.0f} vs {g4_lo:.0f} (Gen4) / {g5_lo:.0f} "
+        "(Gen5) tok/s)"
+        + (": there the per-copy latency dominates the swap time." if at_lo == "recompute wins" else "."),
+        f"- The differences are at most {100 * gap:.1f} % of throughput: preemption is frequent here but "
+        "its cost, either way, is small next to decoding. The per-copy latency (10 us) is an "
         "assumption of the GPU profiles (gpu_profiles/*.yaml, host_link.latency_us).",
+        "- Block 8, which earlier versions of this page swept, is not in the sweep: vLLM 0.33 has no "
+        "attention backend for it (every CUDA and ROCm backend for an unquantized KV cache takes only "
+        "multiples of 16; vllm/platforms/cuda.py get_attn_backend_cls), and kvsim refuses it the same "
+        f"way (simulator/hardware/vllm_limits.py). Block {lo}, the smallest vLLM runs, is where swap "
+        "pays the most copies per byte.",
     ]
 
 
