@@ -5,7 +5,7 @@ Runs the cartesian product of the grid (any key `--set` accepts) x seeds, one ta
 (point, seed). Writes OUT/points/<hash>.json per task as it finishes (a rerun skips them),
 OUT/sweep.parquet and OUT/sweep.csv (one row per point) and OUT/sweep_<metric>.png (a heatmap
 over two grid keys, or a line plot over one). A config file may hold the grid itself:
-`sweep: {grid: {engine.block_size: [8, 16]}, seeds: 2}`."""
+`sweep: {grid: {engine.block_size: [16, 32]}, seeds: 2}`."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ DESCRIPTION = """Run a grid of configs - the cartesian product of every --grid a
 is kept in OUT/points/, so a rerun of the same command resumes where it stopped. Writes
 OUT/sweep.parquet and OUT/sweep.csv (one row per point, every summary metric) and a heatmap
 over two grid keys or a line plot over one (OUT/sweep_<metric>.png). A config file may hold
-the grid itself: `sweep: {grid: {engine.block_size: [8, 16]}, seeds: 2}`."""
+the grid itself: `sweep: {grid: {engine.block_size: [16, 32]}, seeds: 2}`."""
 
 EPILOG = """examples:
-  kvsim sweep --grid engine.block_size=8,16,32 --grid workload.arrival.rate=5,10,20 --workers 2
+  kvsim sweep --grid engine.block_size=16,32,64 --grid workload.arrival.rate=5,10,20 --workers 2
   kvsim sweep my.yaml --grid engine.max_num_seqs=64,128,256 --seeds 3 --metric latency_s.e2e.p99"""
 
 # (metric, column title) printed in the table; every metric is in the files
@@ -38,7 +38,7 @@ def register(sub, help: str) -> None:
     p = sub.add_parser("sweep", help=help, description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("config", nargs="?", help="base YAML config (may hold a sweep: section)")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
-                   help="a grid axis, e.g. --grid engine.block_size=8,16,32 (repeatable)")
+                   help="a grid axis, e.g. --grid engine.block_size=16,32,64 (repeatable)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a base config field for every point")
     p.add_argument("--seeds", type=int, default=None, metavar="N",
