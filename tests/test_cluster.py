@@ -75,10 +75,15 @@ def test_bad_cluster_config_is_a_clear_error():
         resolve_cluster({"replicas": 0})
     with pytest.raises(ConfigError, match="unknown key 'replica'.*did you mean 'replicas'"):
         resolve_cluster({"replica": 2})
-    with pytest.raises(ConfigError, match="router_params.by must be one of requests, tokens"):
+    with pytest.raises(ConfigError, match="cluster.router_params.by: Input should be 'requests' or "
+                                          "'tokens', got 'kv'"):
         resolve_cluster({"router": "least_outstanding", "router_params": {"by": "kv"}})
-    with pytest.raises(ConfigError, match="unknown key 'slack' for router prefix_affinity"):
+    with pytest.raises(ConfigError, match="cluster.router_params.slack: unknown key for router "
+                                          "'prefix_affinity'; valid: balance_rel, balance_abs"):
         build_config(None, ["cluster.router=prefix_affinity", "cluster.router_params={slack: 2}"])
+    with pytest.raises(ConfigError, match="cluster.router_params.balance_rel: Input should be "
+                                          "greater than 0, got -1"):
+        resolve_cluster({"router": "prefix_affinity", "router_params": {"balance_rel": -1}})
 
 
 def _hit(res):

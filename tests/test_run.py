@@ -31,7 +31,8 @@ def test_everything_returns_to_the_pool(allocator, scheduler):
     s = res.summary["requests"]
     assert s["arrived"] == 300 == s["finished"] + s["rejected"]
     kv = res.scheduler.kv
-    assert kv.used_slots == 0 and kv.usage == 0
+    stats = kv.stats()
+    assert stats.used_slots == 0 and stats.usage == 0
     if allocator == "paged":
         assert kv.pool.num_free_blocks == kv.pool.num_blocks - 1 and not kv.req_to_blocks
     else:

@@ -43,13 +43,21 @@ def load_plugins() -> None:
                               f"{ENTRY_POINT_GROUP} failed to load: {type(e).__name__}: {e}") from None
 
 
-def params_error(where: str, err: Any) -> ConfigError:
-    """One line from a pydantic ValidationError: the first failing field, its value and rule."""
+def params_error(where: str, err: Any, valid: list[str] | tuple[str, ...] = (),
+                 owner: str = "") -> ConfigError:
+    """One line from a pydantic ValidationError: the first failing field, its value and rule.
+    A ConfigError raised by the model's own validator is passed on as it is; an unknown key
+    names the plug-in (`owner`), the closest valid key and the valid ones."""
     first = err.errors()[0]
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, ConfigError):
+        return cause
     loc = ".".join(str(p) for p in first.get("loc", ()))
     field = f"{where}.{loc}" if loc else where
     if first.get("type") == "extra_forbidden":
-        return ConfigError(f"{field}: unknown key")
+        key = str(first["loc"][-1]) if first.get("loc") else ""
+        return ConfigError(f"{field}: unknown key{' for ' + owner if owner else ''}"
+                           f"{did_you_mean(key, list(valid))}; valid: {', '.join(valid) or 'none'}")
     return ConfigError(f"{field}: {first.get('msg', 'invalid')}, got {first.get('input')!r}")
 
 
@@ -122,7 +130,7 @@ class Registry(Generic[T]):
         try:
             return model.model_validate(params).model_dump()
         except ValidationError as e:
-            raise params_error(where, e) from None
+            raise params_error(where, e, list(model.model_fields), f"{self.kind} {name!r}") from None
 
     def build(self, name: str, params: dict[str, Any] | None = None, where: str = "",
               *args: Any, **context: Any) -> Any:

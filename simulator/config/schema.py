@@ -36,6 +36,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True  # vLLM v1's default (paged only)
     eviction_policy: str = "lru"  # lru | lru_ttl | lfu (which cached blocks are reused first)
     eviction_ttl_s: float = 60.0  # lru_ttl: blocks not accessed for this long are evicted first
+    eviction_params: dict = field(default_factory=dict)  # the eviction policy's own params
+    kv_allocator_params: dict = field(default_factory=dict)  # the allocator's own params
     scheduler: str = "continuous"  # continuous | static
     enable_chunked_prefill: bool = True  # vLLM v1; false: prefill-first steps (vLLM v0)
     prefill_chunk_size: int | None = None  # the seed's name for the token budget per step
