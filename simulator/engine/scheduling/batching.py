@@ -5,8 +5,9 @@
 - `static` (FasterTransformer-style): when the running batch is empty, up to max_num_seqs
   waiting requests whose *final* sizes all fit in KV memory form a batch; nobody joins until
   every member has finished. Prefill respects the token budget (chunked), so a batch may
-  take several steps to prefill. Finished members stop costing compute but their slot is
-  not refilled. No preemption can happen: the batch was admitted at its final size.
+  take several steps to prefill (without chunked prefill: whole prompts, as many as the budget
+  holds, before any decode). Finished members stop costing compute but their slot is not
+  refilled. No preemption can happen: the batch was admitted at its final size.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ One step (`schedule`), mirroring vLLM v1's `Scheduler.schedule`:
    the first one that does not fit stops admission (head-of-line, as vLLM). With
    `reserve_full_isl` (vLLM 0.33's scheduler_reserve_full_isl, on by default) the room asked
    for at admission is the request's whole token sequence, not just its first chunk.
+Without chunked prefill (vLLM v0's prefill-first steps) a step runs whole prompts if any can
+run, else one decode per running request (`_schedule_prefill_first`).
 `commit` then applies the step: computed tokens advance; a request that reached its
 num_tokens samples one output token (first token, inter-token gap, finish).
 
@@ -245,17 +247,47 @@ class Scheduler:
         return admitted
 
     def _schedule_prefill_first(self, now: float) -> Batch:
-        """vLLM v0 without chunked prefill: a step runs whole prompts of waiting requests if
-        any can be admitted (running decodes pause), else one decode for each running one."""
-        self.running.n[:self.running.m] = 0
-        admitted = self._admit_waiting(self.max_num_batched_tokens, now, whole=True)
+        """vLLM v0 without chunked prefill: a step runs whole prompts if any can run (running
+        decodes pause), else one decode for each running request.
+        1. the batching mode may form a batch (static: its members enter with no prompt computed);
+        2. prompts: waiting requests admitted whole (continuous), else running members whose
+           prompt is not computed yet, whole and in order while the budget holds them;
+        3. no prompt runs: the running batch decodes (step 2 of `schedule`)."""
+        rb = self.running
+        rb.n[:rb.m] = 0
+        budget = self.max_num_batched_tokens
+        admitted = self.batching.form_batch(self, now)
+        prompts = 0
+        if self.batching.admits_waiting:
+            prompts = self._admit_waiting(budget, now, whole=True)
+            admitted += prompts
         preempted: list[Request] = []
-        if not admitted:
+        if not prompts:
+            prompts = self._schedule_prompts(budget, now, preempted)
+        if not prompts:
             if self.vectorized:
                 _, preempted = self._schedule_running_vectorized(now)
             else:
-                _, preempted = self._schedule_running_sequential(0, self.max_num_batched_tokens, now)
+                _, preempted = self._schedule_running_sequential(0, budget, now)
         return self._summarise(preempted, admitted)
+
+    def _schedule_prompts(self, budget: int, now: float, preempted: list[Request]) -> int:
+        """Running members whose prompt is not computed yet (a static batch just formed), whole
+        prompts in running order until one exceeds the budget left. Returns how many run.
+        Continuous batching never has such members here: it admits prompts whole."""
+        rb = self.running
+        count = i = 0
+        while i < rb.m and budget > 0:
+            if rb.num_out[i] or rb.computed[i] >= rb.tokens[i]:
+                i += 1
+                continue
+            if rb.tokens[i] - rb.computed[i] > budget:
+                break
+            budget, i, stop = self._schedule_one(i, budget, now, preempted)
+            count += 1
+            if stop:
+                break
+        return count
 
     def _summarise(self, preempted: list[Request], num_admitted: int) -> Batch:
         rb = self.running
