@@ -148,3 +148,19 @@ def test_static_batching_without_chunked_prefill():
     assert stat.summary["batch"] != cont.summary["batch"]
     assert (stat.summary["throughput"]["output_tokens_per_s"]
             < cont.summary["throughput"]["output_tokens_per_s"])
+
+
+def test_on_setup_sees_the_setup_before_the_workload_is_generated(monkeypatch):
+    from simulator.engine import run as run_module
+    events = []
+    real = run_module.generate
+
+    def generate(*args, **kwargs):
+        events.append("workload")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "generate", generate)
+    res = run(cfg(**{"workload.num_requests": 20}), on_setup=lambda s: events.append(s.lines()))
+    lines = events[0]
+    assert events[1:] == ["workload"] and lines == res.setup.lines()
+    assert lines[0].startswith("model ") and any("GPU blocks" in line for line in lines)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from simulator.engine.cluster import resolve_cluster
 from simulator.engine.costmodel import StepShape
 from simulator.engine.protocols import Batch, KVStats, SchedulerInterface, SchedulerStats
 from simulator.errors import ConfigError
@@ -240,9 +241,9 @@ class VllmKV:
 
     def lookup_prefix(self, req: Request) -> int:
         # vLLM's lookup (get_computed_blocks) records prefix-cache stats: asking every replica
-        # would change the counters the parity checks compare
-        raise ConfigError("cluster.router prefix_affinity: not available with engine.backend "
-                          "vllm (vLLM's prefix cache cannot be queried without side effects)")
+        # would change the counters the parity checks compare (VllmBackend.check refuses the
+        # one router that asks)
+        raise NotImplementedError("vLLM's prefix cache is not queried without side effects")
 
     def stats(self) -> KVStats:
         used = (self.num_blocks - 1 - self._pool.get_num_free_blocks()) * self.block_size
@@ -419,6 +420,10 @@ class VllmBackend:
 
     def check(self, config) -> None:
         check_supported(config.engine)
+        if resolve_cluster(config.cluster).router == "prefix_affinity":
+            raise ConfigError("unsupported with engine.backend vllm: cluster.router "
+                              "prefix_affinity (vLLM's prefix cache cannot be queried without "
+                              "changing its counters); use round_robin, least_outstanding or kv_aware")
 
     def build(self, s, workload, *, vectorized: bool = True) -> SchedulerInterface:
         eng, e = s.config.engine, s.engine
