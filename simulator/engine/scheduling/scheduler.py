@@ -262,7 +262,7 @@ class Scheduler:
             prompts = self._admit_waiting(budget, now, whole=True)
             admitted += prompts
         preempted: list[Request] = []
-        if not prompts:
+        if not prompts and not self.batching.admits_waiting:
             prompts = self._schedule_prompts(budget, now, preempted)
         if not prompts:
             if self.vectorized:
@@ -274,7 +274,8 @@ class Scheduler:
     def _schedule_prompts(self, budget: int, now: float, preempted: list[Request]) -> int:
         """Running members whose prompt is not computed yet (a static batch just formed), whole
         prompts in running order until one exceeds the budget left. Returns how many run.
-        Continuous batching never has such members here: it admits prompts whole."""
+        Only for modes that admit through form_batch: continuous batching admits prompts
+        whole (step 2), so its running requests never have one left."""
         rb = self.running
         count = i = 0
         while i < rb.m and budget > 0:
