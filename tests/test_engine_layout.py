@@ -53,3 +53,41 @@ def test_each_subpackage_says_what_it_holds(package):
     import ast
     doc = ast.get_docstring(ast.parse((ROOT / package / "__init__.py").read_text()))
     assert doc and len(doc.splitlines()) == 2, doc
+
+
+def _members(proto) -> set[str]:
+    names = set()
+    for klass in proto.__mro__:
+        if klass is object or klass.__name__ in ("Protocol", "Generic"):
+            continue
+        names |= {n for n in vars(klass) if not n.startswith("_") or n in ("__len__", "__contains__")}
+        names |= set(getattr(klass, "__annotations__", {}))
+    return names - {"_is_protocol", "_is_runtime_protocol"}
+
+
+def test_implementations_have_every_protocol_member():
+    """A structural check of the built-ins against protocols.py (what a type checker would say)."""
+    from helpers import make_scheduler
+
+    from simulator.engine import protocols as p
+    from simulator.engine.kvcache import ContiguousAllocator, PagedAllocator
+    from simulator.engine.kvcache.eviction import EVICTION_POLICIES
+    from simulator.engine.protocols import QueueContext, RouterContext
+    from simulator.engine.routers import ROUTERS
+    from simulator.engine.scheduling import BATCHING_MODES, QUEUE_POLICIES
+
+    sched = make_scheduler()
+    pool = sched.kv.pool
+    queue_params = {"tiered": {"tiers": [{"max_prompt_tokens": 8, "max_seq_share": 0.5}, {}]}}
+    cases = [(p.KVCacheManager, PagedAllocator(5, 4)), (p.KVCacheManager, ContiguousAllocator(64, "oracle")),
+             (p.SchedulerInterface, sched)]
+    cases += [(p.EvictionPolicy, EVICTION_POLICIES.build(n, {}, "", pool, range(1, 3)))
+              for n in ("lru", "lru_ttl", "lfu")]
+    cases += [(p.QueuePolicy, QUEUE_POLICIES.build(n, queue_params.get(n), "", QueueContext(4, 64)))
+              for n in ("fcfs", "priority", "tiered")]
+    cases += [(p.BatchingMode, BATCHING_MODES.get(n)()) for n in ("continuous", "static")]
+    cases += [(p.Router, ROUTERS.build(n, {}, "", RouterContext(2, True, 16)))
+              for n in ("round_robin", "least_outstanding", "kv_aware", "prefix_affinity")]
+    for proto, obj in cases:
+        missing = sorted(m for m in _members(proto) if not hasattr(obj, m))
+        assert missing == [], (proto.__name__, type(obj).__name__)
