@@ -420,7 +420,8 @@ class VllmBackend:
 
     def check(self, config) -> None:
         check_supported(config.engine)
-        if resolve_cluster(config.cluster).router == "prefix_affinity":
+        cluster = resolve_cluster(config.cluster)
+        if cluster.replicas > 1 and cluster.router == "prefix_affinity":
             raise ConfigError("unsupported with engine.backend vllm: cluster.router "
                               "prefix_affinity (vLLM's prefix cache cannot be queried without "
                               "changing its counters); use round_robin, least_outstanding or kv_aware")

@@ -83,7 +83,7 @@ class Cluster:
         self.num_arrived = 0
         self.req_to_replica: dict[int, int] = {}
         self._pending: list[list[Request]] = [[] for _ in range(n)]  # routed, not yet scheduled
-        for rep in replicas:
+        for rep in replicas:  # the replicas exist first: each tells the cluster who leaves
             rep.on_request_end = self.request_ended
 
     def kv(self, i: int) -> KVCacheView:
