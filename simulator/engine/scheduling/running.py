@@ -13,7 +13,6 @@ from simulator.workload.request import Request
 
 
 class RunningBatch:
-    COLUMNS = ("computed", "tokens", "num_out", "target_out", "capacity", "n")
 
     def __init__(self, max_num_seqs: int) -> None:
         self.reqs: list[Request] = []
