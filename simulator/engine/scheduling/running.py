@@ -13,7 +13,6 @@ from simulator.workload.request import Request
 
 
 class RunningBatch:
-
     def __init__(self, max_num_seqs: int) -> None:
         self.reqs: list[Request] = []
         self.computed = np.zeros(max_num_seqs, np.int64)
