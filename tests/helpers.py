@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from simulator.engine.kvcache import ContiguousAllocator, PagedAllocator
+from simulator.engine.protocols import QueueContext
 from simulator.engine.scheduling import BATCHING_MODES, QUEUE_POLICIES, Scheduler
 from simulator.workload.request import Request
 
@@ -19,11 +20,11 @@ def make_scheduler(num_blocks=7, block_size=4, budget=8, max_num_seqs=4, batchin
         kv = PagedAllocator(num_blocks=num_blocks, block_size=block_size,
                             enable_prefix_caching=caching, eviction=eviction,
                             prefix_chunk_tokens=chunk_tokens)
-    sched = Scheduler(kv, QUEUE_POLICIES.get(policy)(**(queue_params or {})),
-                      BATCHING_MODES.get(batching)(), max_num_seqs=max_num_seqs,
-                      max_num_batched_tokens=budget, chunked_prefill=chunked_prefill, swap=swap)
-    sched.vectorized = vectorized
-    return sched
+    queue = QUEUE_POLICIES.build(policy, queue_params, "engine.queue_params",
+                                 QueueContext(max_num_seqs, kv.total_slots))
+    return Scheduler(kv, queue, BATCHING_MODES.get(batching)(), max_num_seqs=max_num_seqs,
+                     max_num_batched_tokens=budget, chunked_prefill=chunked_prefill, swap=swap,
+                     vectorized=vectorized)
 
 
 def drive(sched, arrivals: dict[int, list[tuple[int, int]]], max_steps=10_000):
@@ -45,9 +46,9 @@ def drive(sched, arrivals: dict[int, list[tuple[int, int]]], max_steps=10_000):
                 break
             step += 1
             continue
-        sched.schedule(float(step))
+        batch = sched.schedule(float(step))
         scheduled = sched.scheduled()
-        preempted = [r.req_id for r in sched.last_preempted]
+        preempted = [r.req_id for r in batch.preempted]
         finished = [r.req_id for r in sched.commit(float(step) + 1.0)]
         log.append((step, scheduled, preempted, finished))
         step += 1

@@ -21,13 +21,13 @@ def test_paged_allocates_ceil_blocks_and_frees_tail_first():
     assert kv.req_to_blocks[0] == [1, 2, 3]
     assert kv.allocate_slots(r, 3, 9) == 12  # fits in held blocks
     assert kv.allocate_slots(r, 1, 12) == 16
-    assert kv.usage == 4 / 8
+    assert kv.stats().usage == 4 / 8 and kv.stats().used_slots == 16
     kv.free(r)
     # freed in reverse, and (no hashes: caching off) to the head of the queue, so the
     # request's last block is reused first (vLLM 0.33 BlockPool.free_blocks: LIFO reuse of
     # uncached blocks)
     assert kv.pool.free_queue.order() == [4, 3, 2, 1, 5, 6, 7, 8]
-    assert kv.usage == 0
+    assert kv.stats().usage == 0
 
 
 def test_paged_returns_none_when_full():
@@ -46,9 +46,9 @@ def test_contiguous_first_fit_and_merge():
     kv.free(b)
     assert kv.allocate_slots(req(3, 45, 1), 45, 0) is None  # 50 free, largest hole 40
     kv.free(a)  # [0,70) merges
-    assert kv.largest_hole == 70
+    assert kv.largest_hole == 70 and kv.stats().external_frag_slots == 100 - 20 - 70
     kv.free(c)
-    assert (kv._starts, kv._lengths, kv.used_slots) == ([0], [100], 0)
+    assert (kv._starts, kv._lengths, kv.stats().used_slots) == ([0], [100], 0)
 
 
 def test_contiguous_reserve_modes():

@@ -75,12 +75,16 @@ def test_bad_cluster_config_is_a_clear_error():
         resolve_cluster({"replicas": 0})
     with pytest.raises(ConfigError, match="unknown key 'replica'.*did you mean 'replicas'"):
         resolve_cluster({"replica": 2})
-    with pytest.raises(ConfigError, match="router_params.by must be one of requests, tokens"):
+    with pytest.raises(ConfigError, match="cluster.router_params.by must be one of requests, tokens, "
+                                          "got 'kv'"):
         resolve_cluster({"router": "least_outstanding", "router_params": {"by": "kv"}})
-    with pytest.raises(ConfigError, match="unknown key 'slack' for router prefix_affinity"):
+    with pytest.raises(ConfigError, match="cluster.router_params: unknown key 'slack' for router "
+                                          "'prefix_affinity'; valid: balance_rel, balance_abs"):
         # the engine checks a router's params (config is below the engine's router registry)
         resolve_cluster(build_config(None, ["cluster.router=prefix_affinity",
                                             "cluster.router_params={slack: 2}"]).cluster)
+    with pytest.raises(ConfigError, match="cluster.router_params.balance_rel must be > 0, got -1"):
+        resolve_cluster({"router": "prefix_affinity", "router_params": {"balance_rel": -1}})
 
 
 def _hit(res):

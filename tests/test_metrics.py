@@ -22,7 +22,8 @@ from simulator.config.schema import build_config
 from simulator.engine.costmodel import CostModel
 from simulator.engine.run import run
 from simulator.errors import ConfigError
-from simulator.metrics.summary import MetricsRecorder, histogram, resolve_slo
+from simulator.metrics.recorder import MetricsRecorder, StepRecord
+from simulator.metrics.summary import histogram, resolve_slo
 from simulator.workload.generators import RequestArrays
 
 STEP_S = 0.25
@@ -141,17 +142,16 @@ def test_alert_on_hand_built_run(fixed_step):
 def test_optional_iteration_columns_are_used():
     rec = MetricsRecorder(total_slots=64)
     base = (0.0, 1.0, 1, 8, 8, 0, 0, 1, 1, 0, 16, 0.25, 8)
-    rec.iteration(*base, prefix_cache_queries=8, prefix_cache_hits=0)
-    rec.iteration(1.0, 1.0, 1, 8, 8, 0, 0, 1, 1, 0, 16, 0.25, 8,
-                  prefix_cache_queries=8, prefix_cache_hits=6)
-    it = rec.iterations_frame()
+    rec.record(StepRecord(*base, prefix_queries_total=8, prefix_hits_total=0))
+    rec.record(StepRecord(1.0, 1.0, 1, 8, 8, 0, 0, 1, 1, 0, 16, 0.25, 8,
+                          prefix_queries_total=16, prefix_hits_total=6))
+    it = rec.iterations_frame()  # running totals are stored as per-step increments
     assert it.prefix_cache_queries.tolist() == [8, 8] and it.prefix_cache_hits.tolist() == [0, 6]
-    with pytest.raises(ValueError, match="did you mean 'prefix_cache_hits'"):
-        rec.iteration(*base, prefix_cache_hit=1)
+    assert "num_sampled" not in it and "swap_s" not in it
     rec2 = MetricsRecorder(total_slots=64)
-    rec2.iteration(*base, num_sampled=1)
-    rec2.iteration(*base)
-    with pytest.raises(ValueError, match="every step or never"):
+    rec2.record(StepRecord(*base, num_sampled=1))
+    rec2.record(StepRecord(*base))
+    with pytest.raises(ValueError, match="num_sampled is missing on 1 of 2 steps"):
         rec2.iterations_frame()
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from simulator.config.schema import build_config
 from simulator.engine.run import run
-from simulator.engine.scheduling.queues import validate_tiers
+from simulator.engine.scheduling.queues.tiered import validate_tiers
 from simulator.engine.swap import SwapSpace
 from simulator.errors import ConfigError
 from tests.helpers import drive, make_scheduler
@@ -64,11 +64,11 @@ def test_priority_order_and_victim_follow_vllm(policy, golden, vectorized):
 
 
 def test_priority_victim_ties_break_by_arrival():
-    from simulator.engine.scheduling.queues import Priority
+    from simulator.engine.scheduling.queues.priority import Priority
     from simulator.workload.request import Request
     running = [Request(0, 1.0, 4, 4, priority=2), Request(1, 0.5, 4, 4, priority=2),
                Request(2, 3.0, 4, 4, priority=1)]
-    assert Priority().pick_victim(running) == 0  # max (priority, arrival) = (2, 1.0)
+    assert Priority(None).pick_victim(running) == 0  # max (priority, arrival) = (2, 1.0)
 
 
 TIERS = {"by": "prompt_tokens", "tiers": [
@@ -113,8 +113,7 @@ def test_swap_conserves_blocks_and_falls_back_to_recompute():
         sched.add_request(Request(i, 0.0, p, o))
     seen_swap = seen_recompute = False
     while sched.has_work and step < 200:
-        sched.schedule(float(step))
-        for r in sched.last_preempted:
+        for r in sched.schedule(float(step)).preempted:
             if swap.holds(r):
                 seen_swap = True
                 assert r.num_computed_tokens > 0  # keeps its KV, on the CPU

@@ -24,7 +24,7 @@ from simulator.analysis.regress import (
     write_baseline,
 )
 from simulator.cli.main import main
-from simulator.engine import run as runner
+from simulator.engine import build as runner  # setup() resolves the engine there
 from simulator.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent

@@ -31,7 +31,8 @@ def test_everything_returns_to_the_pool(allocator, scheduler):
     s = res.summary["requests"]
     assert s["arrived"] == 300 == s["finished"] + s["rejected"]
     kv = res.scheduler.kv
-    assert kv.used_slots == 0 and kv.usage == 0
+    stats = kv.stats()
+    assert stats.used_slots == 0 and stats.usage == 0
     if allocator == "paged":
         assert kv.pool.num_free_blocks == kv.pool.num_blocks - 1 and not kv.req_to_blocks
     else:
@@ -127,3 +128,39 @@ def test_bigger_gpu_sustains_higher_rate():
     tput = {g: run(cfg(**SATURATING, gpu=g)).summary["throughput"]["requests_per_s"]
             for g in ("l4", "a100-80gb", "h100")}
     assert tput["l4"] < tput["a100-80gb"] < tput["h100"], tput
+
+
+def test_static_batching_without_chunked_prefill():
+    """engine.scheduler static with enable_chunked_prefill false: batches are formed when
+    nothing runs, their prompts run whole before any decode, and nobody joins a running batch
+    (it used to run as continuous batching while the summary said static)."""
+    common = {"engine.enable_chunked_prefill": "false", "engine.max_model_len": 4096,
+              "engine.max_num_batched_tokens": 8192, "engine.max_num_seqs": 16,
+              "workload.num_requests": 120}
+    stat = run(cfg(**common, **{"engine.scheduler": "static"}))
+    cont = run(cfg(**common))
+    it = stat.iterations
+    running_before = np.concatenate([[0], it.num_running.to_numpy()[:-1]])
+    assert (it.num_admitted[running_before > 0] == 0).all()
+    assert it.num_admitted.sum() == 120 and it.num_running.max() <= 16
+    assert ((it.prefill_tokens == 0) | (it.decode_tokens == 0)).all()  # prompts or decodes
+    assert stat.summary["requests"]["finished"] == 120
+    assert stat.summary["batch"] != cont.summary["batch"]
+    assert (stat.summary["throughput"]["output_tokens_per_s"]
+            < cont.summary["throughput"]["output_tokens_per_s"])
+
+
+def test_on_setup_sees_the_setup_before_the_workload_is_generated(monkeypatch):
+    from simulator.engine import run as run_module
+    events = []
+    real = run_module.generate
+
+    def generate(*args, **kwargs):
+        events.append("workload")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "generate", generate)
+    res = run(cfg(**{"workload.num_requests": 20}), on_setup=lambda s: events.append(s.lines()))
+    lines = events[0]
+    assert events[1:] == ["workload"] and lines == res.setup.lines()
+    assert lines[0].startswith("model ") and any("GPU blocks" in line for line in lines)

@@ -120,3 +120,25 @@ def test_vectorized_matches_sequential_with_prefix_caching(seed):
     assert fast == slow
     assert fast_s.kv.prefix_hits == slow_s.kv.prefix_hits
     assert sum(len(f) for *_, f in fast) == sum(len(v) for v in arrivals.values())
+
+
+@pytest.mark.parametrize("vectorized", [True, False])
+def test_static_batching_in_prefill_first_steps(vectorized):
+    # Budget 8, 2 seats, no chunked prefill: prompts run whole, decodes pause meanwhile.
+    # static: r0 and r1 form the batch; r1's prompt does not fit the budget left at step 0, so
+    # it runs alone at step 1; r2 waits for the whole batch to finish (step 4).
+    # continuous: r2 takes r1's seat as soon as r1 finishes (step 2).
+    arrivals = {0: [(6, 3), (6, 1), (4, 2)]}
+    static = make_scheduler(num_blocks=40, budget=8, max_num_seqs=2, batching="static",
+                            chunked_prefill=False, vectorized=vectorized)
+    assert drive(static, arrivals) == [
+        (0, {0: 6}, [], []),
+        (1, {1: 6}, [], [1]),
+        (2, {0: 1}, [], []),
+        (3, {0: 1}, [], [0]),
+        (4, {2: 4}, [], []),
+        (5, {2: 1}, [], [2]),
+    ]
+    continuous = make_scheduler(num_blocks=40, budget=8, max_num_seqs=2, chunked_prefill=False,
+                                vectorized=vectorized)
+    assert drive(continuous, arrivals)[2:4] == [(2, {2: 4}, [], []), (3, {0: 1, 2: 1}, [], [2])]

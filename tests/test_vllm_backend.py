@@ -126,3 +126,11 @@ def test_kvsim_trace_records_admissions_with_prefix_hits(tmp_path):
     assert sorted(r for r, _ in admitted) == list(range(30))  # no preemption at this load
     assert admitted[0] == [0, 0] and any(hit >= 512 for _, hit in admitted[1:])
     assert sum(len(r["finished"]) for r in rows) == 30
+
+
+def test_prefix_affinity_router_is_refused_before_any_work():
+    cfg = build_config(None, SMALL + ["engine.backend=vllm", "cluster.replicas=2",
+                                      "cluster.router=prefix_affinity"])
+    with pytest.raises(ConfigError, match="unsupported with engine.backend vllm: cluster.router "
+                                          "prefix_affinity"):
+        run(cfg)

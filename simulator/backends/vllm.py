@@ -2,9 +2,11 @@
 
 vLLM's `Scheduler`, `KVCacheManager` and `BlockPool` are pure Python; here they run inside
 kvsim's SimPy loop with no GPU, weights or tokenizer (install: docs/parity.md). `VllmScheduler`
-presents the interface `Replica` drives (`add_request`, `schedule(now) -> Batch`, `commit(now)
--> finished`, `running.m`, `len(queue)`, `kv.usage` ...), so step durations come from kvsim's
-cost model over the same StepShape and the same MetricsRecorder columns are written.
+implements kvsim's protocols.SchedulerInterface (`add_request`, `schedule(now) -> Batch`,
+`commit(now) -> finished`, `stats()`), and `VllmKV` the KVCacheView of vLLM's block pool, so
+step durations come from kvsim's cost model over the same StepShape and the same StepRecords
+reach the metrics recorder. `VllmBackend` is registered lazily in engine/build.py (BACKENDS), so
+the engine layer never imports this module.
 
 Token identity (what vLLM's sha256 block hashes see) follows kvsim's prefix contract
 (kvcache/prefix.py): token t of a request is *shared content* (chunk id, offset) when kvsim's
@@ -32,8 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
+from simulator.engine.cluster import resolve_cluster
 from simulator.engine.costmodel import StepShape
-from simulator.engine.scheduling.scheduler import Batch
+from simulator.engine.protocols import Batch, KVStats, SchedulerInterface, SchedulerStats
 from simulator.errors import ConfigError
 from simulator.workload.request import Request, Status
 
@@ -189,31 +192,15 @@ def build_vllm_scheduler(*, num_blocks: int, block_size: int, max_num_seqs: int,
                block_size=block_size, log_stats=True)
 
 
-class _Count:
-    """`running.m` / `len(queue)` views for Replica and the recorder."""
-
-    def __init__(self, seq) -> None:
-        self._seq = seq
-
-    @property
-    def m(self) -> int:
-        return len(self._seq())
-
-    def __len__(self) -> int:
-        return len(self._seq())
-
-
 class VllmKV:
-    """The KV gauges Replica and the recorder read, from vLLM's block pool."""
-
-    name = "paged"
+    """kvsim's KVCacheView of vLLM's block pool: the gauges and counters Replica and the
+    recorder read (vLLM's own scheduler allocates; nobody else does here)."""
 
     def __init__(self, vs, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
         self._pool = vs.kv_cache_manager.block_pool
         self._vs = vs
         # Eviction statistics as kvsim's BlockPool keeps them (count, and idle time since the
         # block's last allocation or hit), from hooks on vLLM's pool that change no decision.
-        self.pool = self
         self.now = 0.0
         self.num_evictions = 0
         self.evicted_idle_s = array("d")
@@ -252,29 +239,28 @@ class VllmKV:
     def max_request_slots(self, req: Request) -> int:
         return -(-req.final_kv_tokens // self.block_size) * self.block_size
 
-    @property
-    def num_free_blocks(self) -> int:
-        return self._pool.get_num_free_blocks()
+    def lookup_prefix(self, req: Request) -> int:
+        # vLLM's lookup (get_computed_blocks) records prefix-cache stats: asking every replica
+        # would change the counters the parity checks compare (VllmBackend.check refuses the
+        # one router that asks)
+        raise NotImplementedError("vLLM's prefix cache is not queried without side effects")
 
-    @property
-    def used_slots(self) -> int:
-        return (self.num_blocks - 1 - self.num_free_blocks) * self.block_size
-
-    @property
-    def usage(self) -> float:
-        return float(self._vs.get_kv_cache_usage())
+    def stats(self) -> KVStats:
+        used = (self.num_blocks - 1 - self._pool.get_num_free_blocks()) * self.block_size
+        usage = float(self._vs.get_kv_cache_usage())
+        if not self.enable_prefix_caching:
+            return KVStats(used, usage)
+        return KVStats(used, usage, self.prefix_queries, self.prefix_hits, self.num_evictions,
+                       self.evicted_idle_s)
 
 
 class VllmScheduler:
-    """kvsim's Scheduler interface over vLLM's v1 scheduler (module docstring)."""
-
-    backend = "vllm"
+    """protocols.SchedulerInterface over vLLM's v1 scheduler (module docstring)."""
 
     def __init__(self, *, num_blocks: int, block_size: int, max_num_seqs: int,
                  max_num_batched_tokens: int, max_model_len: int, policy: str = "fcfs",
                  enable_prefix_caching: bool = False, chunk_tokens: int = 512,
-                 recorder=None, async_scheduling: bool = False,
-                 reserve_full_isl: bool = True) -> None:
+                 async_scheduling: bool = False, reserve_full_isl: bool = True) -> None:
         import_vllm()
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import sha256
@@ -297,16 +283,11 @@ class VllmScheduler:
                               "the backend drives vLLM's sync Scheduler")
         self.kv = VllmKV(self.vs, num_blocks, block_size, enable_prefix_caching)
         self.max_num_seqs = max_num_seqs
-        self.swap = None  # vLLM v1 preempts by recompute only
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.recorder = recorder
         self.tokens = TokenIds(chunk_tokens)
         self.reqs: dict[str, Request] = {}
-        self.running = _Count(lambda: self.vs.running)
-        self.queue = _Count(lambda: self.vs.waiting)
         self.num_preemptions = 0
-        self.last_preempted: list[Request] = []
-        self.last_admitted: list[tuple[int, int]] = []  # (req_id, prefix-hit tokens)
+        self._gaps: np.ndarray | None = None  # inter-token gaps of the last commit
         self._out = None
         self._scheduled: dict[int, int] = {}
         self._running_ids: set[str] = set()
@@ -359,7 +340,6 @@ class VllmScheduler:
             req.status = Status.PREEMPTED
             req.num_computed_tokens = 0
         self.num_preemptions += len(preempted)
-        self.last_preempted = preempted
         admitted = []
         for vreq in vs.running:
             rid = vreq.request_id
@@ -372,11 +352,11 @@ class VllmScheduler:
                     req.first_scheduled_s = now
                 if req.num_cached_tokens < 0:
                     req.num_cached_tokens = hit
-        self.last_admitted = admitted
         self._running_ids = running_now
         self._scheduled = {int(r): int(k) for r, k in scheduled.items()}
         self._sampled = [r for r, s in zip(scheduled, sampled.tolist()) if s]
-        return Batch(shape, len(scheduled), t - decodes, decodes, len(preempted), len(admitted))
+        return Batch(shape, len(scheduled), t - decodes, decodes, len(preempted), len(admitted),
+                     preempted=preempted, admitted=admitted)
 
     def commit(self, now: float) -> list[Request]:
         """Feed the step's fake model output to vLLM; apply token and finish events."""
@@ -414,38 +394,52 @@ class VllmScheduler:
                 del self.reqs[r]
                 self._running_ids.discard(r)
                 self.tokens.forget(req.req_id)
-        if gaps and self.recorder is not None:
-            self.recorder.add_token_gaps(np.asarray(gaps))
+        self._gaps = np.asarray(gaps) if gaps else None
         return finished
 
     def _take_prefix_stats(self, engine_outputs) -> None:
-        for eco in (engine_outputs or {}).values():
-            stats = getattr(eco, "scheduler_stats", None)
-            pcs = getattr(stats, "prefix_cache_stats", None) if stats is not None else None
-            if pcs is not None:
-                self.kv.prefix_queries += int(pcs.queries)
-                self.kv.prefix_hits += int(pcs.hits)
+        for eco in (engine_outputs or {}).values():  # EngineCoreOutputs
+            stats = eco.scheduler_stats
+            if stats is not None and stats.prefix_cache_stats is not None:
+                self.kv.prefix_queries += int(stats.prefix_cache_stats.queries)
+                self.kv.prefix_hits += int(stats.prefix_cache_stats.hits)
+
+    def stats(self) -> SchedulerStats:
+        vs = self.vs
+        stored = int(sum(r.num_computed_tokens for r in vs.running))
+        return SchedulerStats(len(vs.running), len(vs.waiting), stored, self.kv.stats(),
+                              self.num_preemptions, self._gaps)
 
     def scheduled(self) -> dict[int, int]:
         return dict(self._scheduled)
 
-    @property
-    def tokens_stored(self) -> int:
-        return int(sum(r.num_computed_tokens for r in self.vs.running))
 
+class VllmBackend:
+    """engine.backend vllm (protocols.Backend): vLLM's scheduler and block pool per replica,
+    over kvsim's num_gpu_blocks (memory math or num_gpu_blocks_override)."""
 
-def build_vllm_engine(s, workload, make_recorder):
-    """runner.build_engine for `engine.backend: vllm`: (VllmScheduler, recorder) from a Setup;
-    the KV pool has kvsim's num_gpu_blocks (memory math or num_gpu_blocks_override)."""
-    eng, e = s.config.engine, s.engine
-    check_supported(eng)
-    num_blocks = s.memory.num_gpu_blocks
-    recorder = make_recorder((num_blocks - 1) * e.block_size)
-    sched = VllmScheduler(num_blocks=num_blocks, block_size=e.block_size,
-                          max_num_seqs=e.max_num_seqs,
-                          max_num_batched_tokens=e.max_num_batched_tokens,
-                          max_model_len=e.max_model_len, policy=eng.queue_policy,
-                          enable_prefix_caching=eng.enable_prefix_caching,
-                          chunk_tokens=getattr(workload, "prefix_block_tokens", 512),
-                          recorder=recorder, reserve_full_isl=eng.scheduler_reserve_full_isl)
-    return sched, recorder
+    def check(self, config) -> None:
+        check_supported(config.engine)
+        cluster = resolve_cluster(config.cluster)
+        if cluster.replicas > 1 and cluster.router == "prefix_affinity":
+            raise ConfigError("unsupported with engine.backend vllm: cluster.router "
+                              "prefix_affinity (vLLM's prefix cache cannot be queried without "
+                              "changing its counters); use round_robin, least_outstanding or kv_aware")
+
+    def build(self, s, workload, *, vectorized: bool = True) -> SchedulerInterface:
+        eng, e = s.config.engine, s.engine
+        return VllmScheduler(num_blocks=s.memory.num_gpu_blocks, block_size=e.block_size,
+                             max_num_seqs=e.max_num_seqs,
+                             max_num_batched_tokens=e.max_num_batched_tokens,
+                             max_model_len=e.max_model_len, policy=eng.queue_policy,
+                             enable_prefix_caching=eng.enable_prefix_caching,
+                             chunk_tokens=workload.prefix_block_tokens,
+                             reserve_full_isl=eng.scheduler_reserve_full_isl)
+
+    def lines(self) -> list[str]:
+        info = backend_info()
+        return [f"backend: vLLM's own v1 Scheduler, vLLM {info['vllm_version']} (parity verified "
+                f"against {info['vllm_verified_version']}), sync"]
+
+    def info(self) -> dict[str, str]:
+        return backend_info()

@@ -43,12 +43,21 @@ def load_plugins() -> None:
                               f"{ENTRY_POINT_GROUP} failed to load: {type(e).__name__}: {e}") from None
 
 
-def params_error(where: str, err: Any, model: type | None = None) -> ConfigError:
+def params_error(where: str, err: Any, model: type | None = None, owner: str = "") -> ConfigError:
     """One line from a pydantic ValidationError: the first failing field, its value and rule
-    (fields.config_error; `model` lets an unknown key list the valid ones)."""
+    (fields.config_error; `model` lets an unknown key list the valid ones, `owner` names the
+    plug-in). A ConfigError raised by the model's own validator is passed on as it is."""
     from simulator.config.fields import config_error
 
-    return config_error(err, where, model)
+    first = err.errors()[0]
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, ConfigError):
+        return cause
+    e = config_error(err, where, model)
+    if owner and first.get("type") == "extra_forbidden":
+        key = first["loc"][-1] if first.get("loc") else "?"
+        e = ConfigError(str(e).replace(f"unknown key {key!r}", f"unknown key {key!r} for {owner}", 1))
+    return e
 
 
 class Registry(Generic[T]):
@@ -120,7 +129,7 @@ class Registry(Generic[T]):
         try:
             return model.model_validate(params).model_dump()
         except ValidationError as e:
-            raise params_error(where, e, model) from None
+            raise params_error(where, e, model, f"{self.kind} {name!r}") from None
 
     def build(self, name: str, params: dict[str, Any] | None = None, where: str = "",
               *args: Any, **context: Any) -> Any:

@@ -1,10 +1,12 @@
-"""One serving replica as a SimPy process: schedule -> cost -> timeout -> commit, repeated.
+"""One serving replica as a SimPy process: schedule -> cost -> timeout -> commit -> record.
 
 Invariants:
 - a request is rejected at arrival (counted, with a reason) when it can never run: prompt +
   output > max_model_len, or its final KV size exceeds the whole pool;
 - the replica sleeps on an event when it has nothing to do and wakes on the next arrival;
-- a step that schedules nothing while work is pending is a bug and raises (never a hang).
+- a step that schedules nothing while work is pending is a bug and raises (never a hang);
+- the loop records nothing itself: each step's Batch and the scheduler's stats after commit
+  become one StepRecord for the metrics recorder (what is kept is the stats' business).
 """
 
 from __future__ import annotations
@@ -14,23 +16,28 @@ from collections.abc import Callable
 import simpy
 
 from simulator.engine.costmodel import CostModel
-from simulator.engine.scheduling import Scheduler
-from simulator.metrics.summary import MetricsRecorder
+from simulator.engine.protocols import SchedulerInterface
+from simulator.engine.steptrace import StepTrace
+from simulator.metrics.recorder import MetricsRecorder, StepRecord
+from simulator.workload.generators import RequestArrays
 from simulator.workload.request import Request, Status
 
 
 class Replica:
-    def __init__(self, env: simpy.Environment, scheduler: Scheduler, cost: CostModel,
-                 recorder: MetricsRecorder, max_model_len: int,
-                 on_iteration: Callable[[], None] | None = None) -> None:
+    def __init__(self, env: simpy.Environment, scheduler: SchedulerInterface, cost: CostModel,
+                 recorder: MetricsRecorder, max_model_len: int, *,
+                 on_iteration: Callable[[], None] | None = None,
+                 on_request_end: Callable[[Request], None] | None = None,
+                 trace: StepTrace | None = None) -> None:
         self.env = env
         self.scheduler = scheduler
         self.kv = scheduler.kv
         self.cost = cost
         self.recorder = recorder
         self.max_model_len = max_model_len
-        self.on_iteration = on_iteration
-        self.trace = None  # a steptrace.StepTrace to record each step's decisions into
+        self.on_iteration = on_iteration  # after every step (progress)
+        self.on_request_end = on_request_end  # a request finished or was rejected (the cluster)
+        self.trace = trace  # records each step's decisions (steptrace.py)
         self.num_arrived = 0
         self.arrivals_done = False
         self._wake: simpy.Event | None = None
@@ -42,7 +49,7 @@ class Replica:
         if reason:
             req.status = Status.REJECTED
             req.reject_reason = reason
-            self.recorder.request_ended(req)
+            self._ended(req)
         else:
             self.scheduler.add_request(req)
         self._poke()
@@ -56,6 +63,11 @@ class Replica:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
+    def _ended(self, req: Request) -> None:
+        self.recorder.request_ended(req)
+        if self.on_request_end is not None:
+            self.on_request_end(req)
+
     def _reject_reason(self, req: Request) -> str:
         total = req.prompt_tokens + req.output_tokens
         if total > self.max_model_len:
@@ -66,13 +78,12 @@ class Replica:
         return ""
 
     def run(self):
-        env, sched, rec, kv = self.env, self.scheduler, self.recorder, self.kv
+        """Steps, until arrivals are closed and nothing is left: 1. sleep while idle; 2. schedule
+        a Batch; 3. wait its duration (cost model + swap time); 4. commit; 5. hand the step's
+        record and the requests that ended to the metrics recorder."""
+        env, sched, rec = self.env, self.scheduler, self.recorder
         step_time = self.cost.step_time
-        caching = getattr(kv, "enable_prefix_caching", False)
-        contiguous = hasattr(kv, "largest_hole")
-        queries = hits = evictions = 0  # prefix-cache counters at the previous step
-        pool = getattr(kv, "pool", None) if caching else None
-        swapping = sched.swap is not None
+        trace = self.trace
         while True:
             if not sched.has_work:
                 if self.arrivals_done:
@@ -83,46 +94,40 @@ class Replica:
                 continue
             start = env.now
             batch = sched.schedule(start)
-            trace = self.trace
             if trace is not None:
-                trace.scheduled(start, sched)
-            if batch.shape.num_tokens == 0:
+                trace.scheduled(start, sched, batch)
+            shape = batch.shape
+            if shape.num_tokens == 0:
+                s = sched.stats()
                 raise RuntimeError(
-                    f"scheduler made no progress at t={start:.6f}s with {sched.running.m} running "
-                    f"and {len(sched.queue)} waiting ({kv.used_slots}/{kv.total_slots} KV slots used)")
-            duration = step_time(batch.shape) + batch.swap_s
+                    f"scheduler made no progress at t={start:.6f}s with {s.num_running} running "
+                    f"and {s.num_waiting} waiting ({s.kv.used_slots}/{self.kv.total_slots} KV "
+                    f"slots used)")
+            duration = step_time(shape) + (batch.swap_s or 0.0)
             yield env.timeout(duration)
             finished = sched.commit(env.now)
+            s = sched.stats()
+            kv = s.kv
             if trace is not None:
                 trace.committed(finished, kv.usage)
             for req in finished:
-                rec.request_ended(req)
-            extra = {"num_sampled": batch.shape.num_sampled}
-            if caching:  # per-step increments, like vLLM's counters
-                extra["prefix_cache_queries"] = kv.prefix_queries - queries
-                extra["prefix_cache_hits"] = kv.prefix_hits - hits
-                queries, hits = kv.prefix_queries, kv.prefix_hits
-                extra["kv_evictions"] = pool.num_evictions - evictions
-                evictions = pool.num_evictions
-            if swapping:
-                extra["swap_s"] = batch.swap_s
-            if contiguous:
-                extra["kv_external_frag_slots"] = kv.total_slots - kv.used_slots - kv.largest_hole
-            rec.iteration(start, duration, batch.num_seqs, batch.shape.num_tokens,
-                          batch.num_prefill_tokens, batch.num_decode_tokens, batch.num_preempted,
-                          batch.num_admitted, sched.running.m, len(sched.queue), kv.used_slots,
-                          kv.usage, sched.tokens_stored, **extra)
+                self._ended(req)
+            rec.record(StepRecord(
+                start, duration, batch.num_seqs, shape.num_tokens, batch.num_prefill_tokens,
+                batch.num_decode_tokens, batch.num_preempted, batch.num_admitted, s.num_running,
+                s.num_waiting, kv.used_slots, kv.usage, s.kv_tokens_stored, shape.num_sampled,
+                kv.prefix_queries, kv.prefix_hits, kv.num_evictions, batch.swap_s,
+                kv.external_frag_slots, s.token_gaps))
             if self.on_iteration is not None:
                 self.on_iteration()
 
 
-def feed_arrivals(env: simpy.Environment, workload, replica: Replica):
-    """SimPy process: create each Request at its arrival time and hand it to the replica."""
+def feed_arrivals(env: simpy.Environment, workload: RequestArrays, target):
+    """SimPy process: create each Request at its arrival time and hand it to `target` (a Replica
+    or a Cluster: `submit(req)`, then `close()`)."""
     arrival, prompt, output, priority = (workload.arrival_s, workload.prompt_tokens,
                                          workload.output_tokens, workload.priority)
-    prefix = workload.prefix
-    tenant = getattr(workload, "tenant", None)
-    tier = getattr(workload, "tier", None)
+    prefix, tenant, tier = workload.prefix, workload.tenant, workload.tier
     for i in range(len(workload)):
         t = float(arrival[i])
         if t > env.now:
@@ -132,5 +137,5 @@ def feed_arrivals(env: simpy.Environment, workload, replica: Replica):
                       prefix=None if prefix is None else prefix[i])
         if tier is not None:
             req.tier = str(tier[i])
-        replica.submit(req)
-    replica.close()
+        target.submit(req)
+    target.close()

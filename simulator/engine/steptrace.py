@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from simulator.engine.protocols import Batch, SchedulerInterface
 
 
 class StepTrace:
@@ -25,14 +29,14 @@ class StepTrace:
         self.rows: list[dict] = []
         self._pending: dict | None = None
 
-    def scheduled(self, start_s: float, sched) -> None:
+    def scheduled(self, start_s: float, sched: SchedulerInterface, batch: Batch) -> None:
         """Right after schedule(): the step's decisions."""
         self._pending = {
             "step": len(self.rows),
             "t_s": start_s,
             "scheduled": [[r, n] for r, n in sched.scheduled().items()],
-            "preempted": sorted(r.req_id for r in sched.last_preempted),
-            "admitted": [[r, h] for r, h in sched.last_admitted],
+            "preempted": sorted(r.req_id for r in batch.preempted),
+            "admitted": [[r, h] for r, h in batch.admitted],
         }
 
     def committed(self, finished, kv_usage: float) -> None:

@@ -14,6 +14,7 @@ a victim, the scheduler falls back to recompute.
 
 from __future__ import annotations
 
+from simulator.engine.protocols import SwapStats
 from simulator.errors import ConfigError
 from simulator.workload.request import Request
 
@@ -69,3 +70,6 @@ class SwapSpace:
         self.used_blocks -= blocks
         self.num_swap_ins += 1
         return self._move(blocks)
+
+    def stats(self) -> SwapStats:
+        return SwapStats(self.num_swap_outs, self.num_swap_ins, self.bytes_moved, self.seconds)

@@ -1,4 +1,4 @@
-"""MetricsRecorder (per-request rows, per-iteration rows, token gaps) and the run summary.
+"""The run summary, from a MetricsRecorder's tables (recorder.py).
 
 summary.json, schema_version 2; docs/metrics.md defines every field. In short:
 - latency: ttft = first token - arrival; tpot = (finish - first token) / (outputs - 1) for
@@ -23,114 +23,12 @@ import numpy as np
 import pandas as pd
 
 from simulator.config.sections import SloConfig
-from simulator.errors import did_you_mean
 from simulator.metrics.alerts import evaluate, resolve_rules, summarize_alerts
+from simulator.metrics.recorder import MetricsRecorder
 from simulator.metrics.timeseries import StepFunction, gauge, integral, run_window, step_ends, time_weighted
-from simulator.workload.request import Request
 
 SCHEMA_VERSION = 3
 PCTS = (50, 90, 99)
-
-ITER_COLUMNS = ("start_s", "duration_s", "num_seqs", "num_tokens", "prefill_tokens",
-                "decode_tokens", "num_preempted", "num_admitted", "num_running", "num_waiting",
-                "kv_used_slots", "kv_usage", "kv_tokens_stored")
-# Columns the replica may add per step as keyword arguments of `iteration` (all steps or none):
-# prefix-cache token counters of the step (vLLM's prefix_cache_queries / _hits), output tokens
-# sampled in the step, and free slots no request could use (an allocator's external
-# fragmentation). The summary uses them when present and reports null otherwise.
-OPTIONAL_ITER_COLUMNS = ("prefix_cache_queries", "prefix_cache_hits", "num_sampled",
-                         "kv_external_frag_slots", "swap_s", "kv_evictions")
-
-
-class MetricsRecorder:
-    def __init__(self, total_slots: int) -> None:
-        self.total_slots = total_slots
-        self._iters: dict[str, list] = {c: [] for c in ITER_COLUMNS}
-        self._append = [self._iters[c].append for c in ITER_COLUMNS]
-        self._extra: dict[str, list] = {}
-        self._gap_values: list[np.ndarray] = []
-        self._gap_counts: list[np.ndarray] = []
-        self._gap_buffer: list[np.ndarray] = []
-        self._gap_buffered = 0
-        self.requests: list[Request] = []  # finished and rejected, in the order they ended
-
-    def add_token_gaps(self, gaps: np.ndarray) -> None:
-        # Most gaps in a step are equal (one step duration): they are kept as (value, count),
-        # compressed in batches because np.unique per step costs more than the step's own numpy.
-        self._gap_buffer.append(gaps)
-        self._gap_buffered += len(gaps)
-        if self._gap_buffered >= 1 << 16:
-            self._compress_gaps()
-
-    def _compress_gaps(self) -> None:
-        if self._gap_buffer:
-            values, counts = np.unique(np.concatenate(self._gap_buffer), return_counts=True)
-            self._gap_values.append(values)
-            self._gap_counts.append(counts)
-            self._gap_buffer, self._gap_buffered = [], 0
-
-    def iteration(self, *row, **extra) -> None:
-        """One engine step: ITER_COLUMNS positionally, OPTIONAL_ITER_COLUMNS by keyword."""
-        for append, value in zip(self._append, row):
-            append(value)
-        if extra:
-            for name, value in extra.items():
-                col = self._extra.get(name)
-                if col is None:
-                    if name not in OPTIONAL_ITER_COLUMNS:
-                        raise ValueError(f"unknown iteration column {name!r}"
-                                         f"{did_you_mean(name, OPTIONAL_ITER_COLUMNS)}")
-                    col = self._extra[name] = []
-                col.append(value)
-
-    def request_ended(self, req: Request) -> None:
-        self.requests.append(req)
-
-    # --- tables ---------------------------------------------------------------------------
-    def iterations_frame(self) -> pd.DataFrame:
-        n = len(self._iters[ITER_COLUMNS[0]])
-        cols = {c: np.asarray(v) for c, v in self._iters.items()}
-        for name, values in self._extra.items():
-            if len(values) != n:
-                raise ValueError(f"iteration column {name} has {len(values)} values for {n} steps; "
-                                 f"pass it on every step or never")
-            cols[name] = np.asarray(values)
-        return pd.DataFrame(cols)
-
-    def requests_frame(self) -> pd.DataFrame:
-        reqs = sorted(self.requests, key=lambda r: r.req_id)
-        f = lambda attr, dt: np.fromiter((getattr(r, attr) for r in reqs), dtype=dt, count=len(reqs))  # noqa: E731
-        df = pd.DataFrame({
-            "req_id": f("req_id", np.int64),
-            "arrival_s": f("arrival_s", np.float64),
-            "prompt_tokens": f("prompt_tokens", np.int64),
-            "output_tokens": f("output_tokens", np.int64),
-            "priority": f("priority", np.int64),
-            "first_scheduled_s": f("first_scheduled_s", np.float64),
-            "first_token_s": f("first_token_s", np.float64),
-            "finish_s": f("finish_s", np.float64),
-            "num_preemptions": f("num_preemptions", np.int64),
-            "num_cached_tokens": f("num_cached_tokens", np.int64),
-            "status": [r.status.value for r in reqs],
-            "reject_reason": [r.reject_reason for r in reqs],
-        })
-        for col in ("first_scheduled_s", "first_token_s", "finish_s"):
-            df.loc[df[col] < 0, col] = np.nan
-        for attr in ("tenant", "tier"):  # only when the workload sets them
-            values = [str(getattr(r, attr, "") or "") for r in reqs]
-            if any(values):
-                df[attr] = values
-        return df
-
-    def token_gaps(self) -> tuple[np.ndarray, np.ndarray]:
-        """(sorted gap values, how many gaps had each value)."""
-        self._compress_gaps()
-        if not self._gap_values:
-            return np.zeros(0), np.zeros(0, np.int64)
-        v = np.concatenate(self._gap_values)
-        c = np.concatenate(self._gap_counts)
-        order = np.argsort(v, kind="stable")
-        return v[order], c[order]
 
 
 # --- SLO -------------------------------------------------------------------------------------

@@ -1,17 +1,13 @@
-"""KV-cache managers behind one boundary (vLLM v1's): the scheduler asks, the manager answers.
+"""KV-cache managers behind vLLM v1's boundary (protocols.KVCacheManager): the block pool, the
+paged and contiguous allocators, block hashes for prefix caching, and eviction/ policies."""
 
-    get_computed_tokens(req) -> int          prefix-cache hit tokens (0 without caching)
-    allocate_slots(req, n, num_computed) -> capacity_tokens | None   None = no room
-    free(req)                                 release the request's memory
-    can_fit(token_counts) -> bool             would these final sizes fit now (static batching)
+from simulator.config.registry import Registry
 
-The manager never sees queues and never picks victims: on None the *scheduler* preempts and
-retries. Both kinds account token states vs allocated slots, so fragmentation is measured.
-"""
+# engine.kv_allocator -> factory(KVContext, **engine.kv_allocator_params) -> KVCacheManager
+ALLOCATORS: Registry = Registry("kv_allocator")
 
-from simulator.engine.kvcache.base import ALLOCATORS, KVCacheManager, build_allocator
-from simulator.engine.kvcache.contiguous import ContiguousAllocator
-from simulator.engine.kvcache.paged import BlockPool, PagedAllocator
+from simulator.engine.kvcache.block_pool import BlockPool  # noqa: E402
+from simulator.engine.kvcache.contiguous import ContiguousAllocator  # noqa: E402
+from simulator.engine.kvcache.paged import PagedAllocator  # noqa: E402
 
-__all__ = ["ALLOCATORS", "KVCacheManager", "build_allocator", "ContiguousAllocator",
-           "BlockPool", "PagedAllocator"]
+__all__ = ["ALLOCATORS", "BlockPool", "ContiguousAllocator", "PagedAllocator"]

@@ -13,20 +13,31 @@ fragmentation is real here: free slots that no hole large enough can use.
 from __future__ import annotations
 
 import bisect
+from typing import Literal
 
-from simulator.engine.kvcache.base import ALLOCATORS
+from simulator.engine.kvcache import ALLOCATORS
+from simulator.engine.protocols import KVContext, KVStats, PluginParams
 from simulator.workload.request import Request
 
 
-@ALLOCATORS.register("contiguous")
+class ContiguousParams(PluginParams):
+    # engine.contiguous_reserve (default max_model_len) fills this when kv_allocator_params omits it
+    reserve: Literal["max_model_len", "pow2", "oracle"] = "max_model_len"
+
+
+@ALLOCATORS.register("contiguous", params=ContiguousParams)
+def build_contiguous(ctx: KVContext, reserve: str) -> ContiguousAllocator:
+    """engine.kv_allocator contiguous: the whole KV budget as one flat space of token slots."""
+    return ContiguousAllocator(ctx.kv_budget_slots, reserve=reserve, max_model_len=ctx.max_model_len)
+
+
 class ContiguousAllocator:
-    name = "contiguous"
     block_size = 1
     caches_full_blocks = False
     now = 0.0
 
-    def __init__(self, total_slots: int, reserve: str = "max_model_len", max_model_len: int = 0,
-                 **_: object) -> None:
+    def __init__(self, total_slots: int, reserve: str = "max_model_len", max_model_len: int = 0
+                 ) -> None:
         if reserve not in ("max_model_len", "pow2", "oracle"):
             raise ValueError(f"unknown contiguous reserve mode {reserve!r}")
         if reserve == "max_model_len" and max_model_len <= 0:
@@ -48,6 +59,9 @@ class ContiguousAllocator:
         return total
 
     def get_computed_tokens(self, req: Request) -> int:
+        return 0  # no prefix cache
+
+    def lookup_prefix(self, req: Request) -> int:
         return 0
 
     def allocate_slots(self, req: Request, num_new_tokens: int, num_computed_tokens: int,
@@ -83,7 +97,7 @@ class ContiguousAllocator:
             caps.append(cap)
         return caps
 
-    def free(self, req: Request, now: float = 0.0) -> None:
+    def free(self, req: Request) -> None:
         region = self.req_to_region.pop(req.req_id, None)
         if region is None:
             return
@@ -100,18 +114,10 @@ class ContiguousAllocator:
             self._lengths[i - 1] += self._lengths.pop(i)
             del self._starts[i]
 
-    def can_fit(self, token_counts: list[int]) -> bool:
-        # Only asked when the batch is empty (static batching): the pool is one hole.
-        return sum(token_counts) <= self.total_slots - self._used
-
-
-    @property
-    def used_slots(self) -> int:
-        return self._used
-
-    @property
-    def usage(self) -> float:
-        return self._used / self.total_slots
+    def stats(self) -> KVStats:
+        used = self._used
+        return KVStats(used, used / self.total_slots,
+                       external_frag_slots=self.total_slots - used - self.largest_hole)
 
     @property
     def largest_hole(self) -> int:

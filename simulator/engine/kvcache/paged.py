@@ -1,14 +1,8 @@
-"""Paged KV cache (vLLM v1): fixed-size blocks, block ids with ref counts, per-request tables,
-and prefix caching on full blocks.
+"""Paged KV cache (vLLM v1's KVCacheManager): fixed-size blocks from a BlockPool (block_pool.py),
+a block table per request, and prefix caching on full blocks.
 
-NOTE: block 0 is vLLM's null block and is never handed out, so a pool of N blocks has N - 1
-usable ones and usage = 1 - free / (N - 1). Free-but-cached blocks count as free.
-
-    free queue (eviction policy; head = next to reuse): [b7, b3, b9, ...]
-    allocate: pop from the head; a popped block that still has a hash is evicted then (lazy)
-    free: a request's blocks go back tail-first; unhashed ones to the head (reused first),
-          hashed ones to the tail (vLLM 0.33)
-    hit:  a cached block is `touch`ed: out of the free queue, ref count + 1
+    req_to_blocks[r] = [b4, b9, b2]     tokens [0, 16) in b4, [16, 32) in b9, [32, 40) in b2
+                                        (block_size 16; b2 is partly filled, not yet hashed)
 
 Prefix caching (vLLM v1 semantics):
 1. Only full blocks are hashed; a hash chains the parent's hash with the block's content
@@ -25,112 +19,26 @@ Prefix caching (vLLM v1 semantics):
 
 from __future__ import annotations
 
-from array import array
-
-from simulator.engine.kvcache.base import ALLOCATORS
-from simulator.engine.kvcache.eviction import EVICTION_POLICIES
+from simulator.engine.kvcache import ALLOCATORS
+from simulator.engine.kvcache.block_pool import BlockPool
 from simulator.engine.kvcache.prefix import BlockHasher
+from simulator.engine.protocols import KVContext, KVStats
 from simulator.workload.request import Request
 
 
-class BlockPool:
-    """Owns every block: ref counts, hashes, the hash map and the free queue (the policy)."""
-
-    def __init__(self, num_blocks: int, eviction: str = "lru", **eviction_params) -> None:
-        if num_blocks < 2:
-            raise ValueError(f"a block pool needs >= 2 blocks (one is the null block), got {num_blocks}")
-        self.num_blocks = num_blocks
-        self.now = 0.0
-        self.ref_cnt = [0] * num_blocks
-        self.ref_cnt[0] = 1  # null block, permanently held
-        self.block_hash: list[int | None] = [None] * num_blocks
-        self.last_access_s = [0.0] * num_blocks
-        self.freed_s = [0.0] * num_blocks
-        self.num_hits = [0] * num_blocks
-        self.cached: dict[int, dict[int, None]] = {}  # hash -> {block_id: None}, caching order
-        self.free_queue = EVICTION_POLICIES.get(eviction)(self, range(1, num_blocks), **eviction_params)
-        self.num_evictions = 0
-        self.evicted_idle_s = array("d")  # now - last access, for every evicted cached block
-
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self.free_queue)
-
-    def get_cached_block(self, block_hash: int) -> int | None:
-        blocks = self.cached.get(block_hash)
-        return next(iter(blocks)) if blocks else None
-
-    def touch(self, block_ids: list[int]) -> None:
-        now = self.now
-        for b in block_ids:
-            if self.ref_cnt[b] == 0:
-                self.free_queue.remove(b)
-            self.ref_cnt[b] += 1
-            self.num_hits[b] += 1
-            self.last_access_s[b] = now
-
-    def get_new_blocks(self, n: int) -> list[int]:
-        if n > len(self.free_queue):
-            raise ValueError(f"asked for {n} blocks, {len(self.free_queue)} free")
-        now = self.now
-        out = []
-        for _ in range(n):
-            b = self.free_queue.popleft()
-            h = self.block_hash[b]
-            if h is not None:  # lazy eviction of a cached block
-                blocks = self.cached[h]
-                del blocks[b]
-                if not blocks:
-                    del self.cached[h]
-                self.block_hash[b] = None
-                self.num_evictions += 1
-                self.evicted_idle_s.append(now - self.last_access_s[b])
-            self.ref_cnt[b] = 1
-            self.num_hits[b] = 0
-            self.last_access_s[b] = now
-            out.append(b)
-        return out
-
-    def cache_block(self, block_id: int, block_hash: int) -> None:
-        if self.block_hash[block_id] is None:
-            self.block_hash[block_id] = block_hash
-            self.cached.setdefault(block_hash, {})[block_id] = None
-
-    def free_blocks(self, ordered_blocks: list[int]) -> None:
-        """Drop one reference from each block. Blocks reaching 0 that carry no hash go to the
-        *front* of the free queue, in order (reused first: nobody can hit them); hashed ones
-        join the tail in order (vLLM 0.33 BlockPool.free_blocks: LIFO reuse of uncached
-        blocks, FIFO of cached ones)."""
-        now = self.now
-        first: list[int] = []
-        block_hash = self.block_hash
-        for b in ordered_blocks:
-            self.ref_cnt[b] -= 1
-            if self.ref_cnt[b] == 0:
-                self.freed_s[b] = now
-                if block_hash[b] is None:
-                    first.append(b)
-                else:
-                    self.free_queue.append(b)
-            elif self.ref_cnt[b] < 0:
-                raise AssertionError(f"block {b} freed twice")
-        if first:
-            self.free_queue.prepend(first)
-
-    @property
-    def usage(self) -> float:
-        return 1.0 - self.num_free_blocks / (self.num_blocks - 1)
-
-
 @ALLOCATORS.register("paged")
-class PagedAllocator:
-    name = "paged"
+def build_paged(ctx: KVContext) -> PagedAllocator:
+    """engine.kv_allocator paged: num_gpu_blocks blocks of block_size (no params of its own)."""
+    return PagedAllocator(ctx.num_gpu_blocks, ctx.block_size, ctx.enable_prefix_caching,
+                          ctx.eviction_policy, ctx.eviction_params, ctx.prefix_chunk_tokens)
 
+
+class PagedAllocator:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
                  eviction: str = "lru", eviction_params: dict | None = None,
-                 prefix_chunk_tokens: int = 512, **_: object) -> None:
+                 prefix_chunk_tokens: int = 512) -> None:
         self.block_size = block_size
-        self.pool = BlockPool(num_blocks, eviction, **(eviction_params or {}))
+        self.pool = BlockPool(num_blocks, eviction, eviction_params)
         self.total_slots = (num_blocks - 1) * block_size
         self.req_to_blocks: dict[int, list[int]] = {}
         self.enable_prefix_caching = enable_prefix_caching
@@ -152,12 +60,9 @@ class PagedAllocator:
     def max_request_slots(self, req: Request) -> int:
         return -(-req.final_kv_tokens // self.block_size) * self.block_size
 
-    def get_computed_tokens(self, req: Request) -> int:
-        """Longest cached prefix of req, in tokens (a multiple of block_size)."""
-        if not self.enable_prefix_caching:
-            return 0
-        num_tokens = req.num_tokens
-        max_blocks = (num_tokens - 1) // self.block_size
+    def _cached_prefix(self, req: Request) -> list[int]:
+        """The blocks holding req's longest cached prefix (at most num_tokens - 1 tokens)."""
+        max_blocks = (req.num_tokens - 1) // self.block_size
         hits: list[int] = []
         if max_blocks:
             get = self.pool.get_cached_block
@@ -166,8 +71,22 @@ class PagedAllocator:
                 if b is None:
                     break
                 hits.append(b)
-        self._pending_hits[req.req_id] = hits
+        return hits
+
+    def get_computed_tokens(self, req: Request) -> int:
+        """Longest cached prefix of req, in tokens (a multiple of block_size); its blocks are
+        held for req's next allocate_slots."""
+        if not self.enable_prefix_caching:
+            return 0
+        hits = self._pending_hits[req.req_id] = self._cached_prefix(req)
         return len(hits) * self.block_size
+
+    def lookup_prefix(self, req: Request) -> int:
+        """get_computed_tokens without holding the hits (the pool is not changed; req's block
+        hashes are computed and kept on req, as a later lookup would)."""
+        if not self.enable_prefix_caching:
+            return 0
+        return len(self._cached_prefix(req)) * self.block_size
 
     def allocate_slots(self, req: Request, num_new_tokens: int, num_computed_tokens: int,
                        full_sequence_must_fit: bool = False, num_tokens: int | None = None
@@ -262,7 +181,7 @@ class PagedAllocator:
                 cache(blocks[j], hashes[j])
             self._num_cached[req.req_id] = full
 
-    def free(self, req: Request, now: float = 0.0) -> None:
+    def free(self, req: Request) -> None:
         """Release req's blocks tail-first; full blocks not yet hashed (filled by decoding, see
         Scheduler) are hashed first, so they stay hittable exactly as if hashed when filled."""
         if self.enable_prefix_caching and req.req_id in self.req_to_blocks:
@@ -274,14 +193,12 @@ class PagedAllocator:
         if blocks:
             self.pool.free_blocks(blocks[::-1])
 
-    def can_fit(self, token_counts: list[int]) -> bool:
-        bs = self.block_size
-        return sum(-(-t // bs) for t in token_counts) <= self.pool.num_free_blocks
-
-    @property
-    def used_slots(self) -> int:
-        return (self.pool.num_blocks - 1 - self.pool.num_free_blocks) * self.block_size
-
-    @property
-    def usage(self) -> float:
-        return self.pool.usage
+    def stats(self) -> KVStats:
+        pool = self.pool
+        free = len(pool.free_queue)
+        used = (pool.num_blocks - 1 - free) * self.block_size
+        usage = 1.0 - free / (pool.num_blocks - 1)  # BlockPool.usage, inlined (every step)
+        if not self.enable_prefix_caching:
+            return KVStats(used, usage)
+        return KVStats(used, usage, self.prefix_queries, self.prefix_hits, pool.num_evictions,
+                       pool.evicted_idle_s)

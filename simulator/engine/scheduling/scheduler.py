@@ -1,4 +1,4 @@
-"""The step scheduler (vLLM v1 semantics) and its running batch kept as numpy columns.
+"""The step scheduler (vLLM v1 semantics) over a running batch kept as numpy columns (running.py).
 
 One step (`schedule`), mirroring vLLM v1's `Scheduler.schedule`:
 1. The batching mode may form a batch (static batching only).
@@ -14,6 +14,8 @@ One step (`schedule`), mirroring vLLM v1's `Scheduler.schedule`:
    the first one that does not fit stops admission (head-of-line, as vLLM). With
    `reserve_full_isl` (vLLM 0.33's scheduler_reserve_full_isl, on by default) the room asked
    for at admission is the request's whole token sequence, not just its first chunk.
+Without chunked prefill (vLLM v0's prefill-first steps) a step runs whole prompts if any can
+run, else one decode per running request (`_schedule_prefill_first`).
 `commit` then applies the step: computed tokens advance; a request that reached its
 num_tokens samples one output token (first token, inter-token gap, finish).
 
@@ -25,87 +27,27 @@ make identical decisions (tests/test_scheduler.py checks this).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from simulator.engine.costmodel import StepShape
+from simulator.engine.protocols import Batch, BatchingMode, KVCacheManager, QueuePolicy, SchedulerStats
+from simulator.engine.scheduling.running import RunningBatch
 from simulator.workload.request import Request, Status
 
-
-class RunningBatch:
-    """The running requests in order, with their hot counters as numpy columns.
-
-    While a request runs, these columns are the truth for its counters; they are written
-    back to the Request object when it leaves (preemption or finish).
-    """
-
-    COLUMNS = ("computed", "tokens", "num_out", "target_out", "capacity", "n")
-
-    def __init__(self, max_num_seqs: int) -> None:
-        self.reqs: list[Request] = []
-        for name in self.COLUMNS:
-            setattr(self, name, np.zeros(max_num_seqs, np.int64))
-        self.last_token = np.zeros(max_num_seqs, np.float64)
-
-    @property
-    def m(self) -> int:
-        return len(self.reqs)
-
-    def append(self, req: Request, num_computed: int, capacity: int) -> int:
-        i = len(self.reqs)
-        self.reqs.append(req)
-        self.computed[i] = num_computed
-        self.tokens[i] = req.num_tokens
-        self.num_out[i] = req.num_output_tokens
-        self.target_out[i] = req.output_tokens
-        self.capacity[i] = capacity
-        self.n[i] = 0
-        self.last_token[i] = req.last_token_s
-        return i
-
-    def write_back(self, i: int) -> Request:
-        req = self.reqs[i]
-        req.num_computed_tokens = int(self.computed[i])
-        req.num_output_tokens = int(self.num_out[i])
-        req.last_token_s = float(self.last_token[i])
-        return req
-
-    def remove(self, i: int) -> None:
-        m = len(self.reqs)
-        for name in self.COLUMNS:
-            col = getattr(self, name)
-            col[i:m - 1] = col[i + 1:m]
-        self.last_token[i:m - 1] = self.last_token[i + 1:m]
-        self.reqs.pop(i)
-
-    def compress(self, keep: np.ndarray) -> None:
-        m = len(self.reqs)
-        k = int(keep.sum())
-        for name in self.COLUMNS:
-            col = getattr(self, name)
-            col[:k] = col[:m][keep]
-        self.last_token[:k] = self.last_token[:m][keep]
-        self.reqs = [r for r, kept in zip(self.reqs, keep.tolist()) if kept]
-
-
-@dataclass(slots=True)
-class Batch:
-    """What one step runs, summarised for the cost model and the metrics."""
-
-    shape: StepShape
-    num_seqs: int
-    num_prefill_tokens: int
-    num_decode_tokens: int
-    num_preempted: int
-    num_admitted: int
-    swap_s: float = 0.0  # GPU<->CPU swap time charged to this step
+if TYPE_CHECKING:
+    from simulator.engine.swap import SwapSpace
 
 
 class Scheduler:
-    def __init__(self, kv, queue, batching, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 recorder=None, chunked_prefill: bool = True, swap=None,
-                 reserve_full_isl: bool = True) -> None:
+    """kvsim's step scheduler (protocols.SchedulerInterface) over a KV manager, a queue
+    policy and a batching mode; `swap`: a SwapSpace (preempt by swapping while it has room)."""
+
+    def __init__(self, kv: KVCacheManager, queue: QueuePolicy, batching: BatchingMode, *,
+                 max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool = True,
+                 swap: SwapSpace | None = None, reserve_full_isl: bool = True,
+                 vectorized: bool = True) -> None:
         self.kv = kv
         self.queue = queue
         self.batching = batching
@@ -113,18 +55,16 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         # False: vLLM v0's prefill-first steps (whole prompts, no decodes alongside)
         self.chunked_prefill = chunked_prefill
-        self.swap = swap  # a SwapSpace: preempt by swapping to CPU while it has room
+        self.swap = swap
         self.step_swap_s = 0.0  # swap time charged to the step being scheduled
         self.running = RunningBatch(max_num_seqs)
-        self.recorder = recorder
         self.num_preemptions = 0
         self.num_swapped = 0
-        queue.configure(max_num_seqs, kv.total_slots)
-        self.last_preempted: list[Request] = []  # victims of the latest step, in order
-        self.last_admitted: list[tuple[int, int]] = []  # (req_id, prefix-hit tokens), latest step
+        self._admitted: list[tuple[int, int]] = []  # (req_id, prefix-hit tokens), this step
+        self._gaps: np.ndarray | None = None  # inter-token gaps of the last commit
         # vLLM 0.33 scheduler_reserve_full_isl: admit only if the whole sequence fits
         self.reserve_full_isl = reserve_full_isl
-        self.vectorized = True  # False: the sequential reference loop only (tests)
+        self.vectorized = vectorized  # False: the sequential reference loop only (tests)
 
     # --- queue side ----------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -143,7 +83,7 @@ class Scheduler:
             req.first_scheduled_s = now
         if req.num_cached_tokens < 0:
             req.num_cached_tokens = num_computed
-        self.last_admitted.append((req.req_id, num_computed))
+        self._admitted.append((req.req_id, num_computed))
         return slot
 
     def _preempt(self, i: int, now: float) -> Request:
@@ -159,7 +99,7 @@ class Scheduler:
             self.num_swapped += 1
         # freed while its computed tokens still count: the full blocks it computed are hashed
         # (vLLM hashed them when they were allocated), so it can hit them when re-admitted
-        self.kv.free(req, now)
+        self.kv.free(req)
         if not swapped:
             req.num_computed_tokens = 0
         req.num_preemptions += 1
@@ -174,7 +114,7 @@ class Scheduler:
     def schedule(self, now: float) -> Batch:
         self.kv.now = now
         self.step_swap_s = 0.0
-        self.last_admitted = []
+        self._admitted = []
         if not self.chunked_prefill:
             return self._schedule_prefill_first(now)
         formed = self.batching.form_batch(self, now)
@@ -183,11 +123,10 @@ class Scheduler:
         else:
             self.running.n[:self.running.m] = 0
             budget, preempted = self._schedule_running_sequential(0, self.max_num_batched_tokens, now)
-        self.last_preempted = preempted
         admitted = formed
         if not preempted and self.batching.admits_waiting:
             admitted += self._admit_waiting(budget, now)
-        return self._summarise(len(preempted), admitted)
+        return self._summarise(preempted, admitted)
 
     def _schedule_running_vectorized(self, now: float) -> tuple[int, list[Request]]:
         """Step 2 over numpy columns, segment by segment: budget cut-off by cumulative sum, the
@@ -308,20 +247,50 @@ class Scheduler:
         return admitted
 
     def _schedule_prefill_first(self, now: float) -> Batch:
-        """vLLM v0 without chunked prefill: a step runs whole prompts of waiting requests if
-        any can be admitted (running decodes pause), else one decode for each running one."""
-        self.running.n[:self.running.m] = 0
-        admitted = self._admit_waiting(self.max_num_batched_tokens, now, whole=True)
+        """vLLM v0 without chunked prefill: a step runs whole prompts if any can run (running
+        decodes pause), else one decode for each running request.
+        1. the batching mode may form a batch (static: its members enter with no prompt computed);
+        2. prompts: waiting requests admitted whole (continuous), else running members whose
+           prompt is not computed yet, whole and in order while the budget holds them;
+        3. no prompt runs: the running batch decodes (step 2 of `schedule`)."""
+        rb = self.running
+        rb.n[:rb.m] = 0
+        budget = self.max_num_batched_tokens
+        admitted = self.batching.form_batch(self, now)
+        prompts = 0
+        if self.batching.admits_waiting:
+            prompts = self._admit_waiting(budget, now, whole=True)
+            admitted += prompts
         preempted: list[Request] = []
-        if not admitted:
+        if not prompts and not self.batching.admits_waiting:
+            prompts = self._schedule_prompts(budget, now, preempted)
+        if not prompts:
             if self.vectorized:
                 _, preempted = self._schedule_running_vectorized(now)
             else:
-                _, preempted = self._schedule_running_sequential(0, self.max_num_batched_tokens, now)
-        self.last_preempted = preempted
-        return self._summarise(len(preempted), admitted)
+                _, preempted = self._schedule_running_sequential(0, budget, now)
+        return self._summarise(preempted, admitted)
 
-    def _summarise(self, num_preempted: int, num_admitted: int) -> Batch:
+    def _schedule_prompts(self, budget: int, now: float, preempted: list[Request]) -> int:
+        """Running members whose prompt is not computed yet (a static batch just formed), whole
+        prompts in running order until one exceeds the budget left. Returns how many run.
+        Only for modes that admit through form_batch: continuous batching admits prompts
+        whole (step 2), so its running requests never have one left."""
+        rb = self.running
+        count = i = 0
+        while i < rb.m and budget > 0:
+            if rb.num_out[i] or rb.computed[i] >= rb.tokens[i]:
+                i += 1
+                continue
+            if rb.tokens[i] - rb.computed[i] > budget:
+                break
+            budget, i, stop = self._schedule_one(i, budget, now, preempted)
+            count += 1
+            if stop:
+                break
+        return count
+
+    def _summarise(self, preempted: list[Request], num_admitted: int) -> Batch:
         rb = self.running
         m = rb.m
         n = rb.n[:m]
@@ -338,7 +307,8 @@ class Scheduler:
             kv_tokens=int(reach @ scheduled),
         )
         return Batch(shape, int(np.count_nonzero(scheduled)), t - decodes, decodes,
-                     num_preempted, num_admitted, self.step_swap_s)
+                     len(preempted), num_admitted, None if self.swap is None else self.step_swap_s,
+                     preempted, self._admitted)
 
     def commit(self, now: float) -> list[Request]:
         """Apply the step that just ran: advance tokens, sample, finish. Returns finished."""
@@ -351,11 +321,8 @@ class Scheduler:
         rb.num_out[:m] += sampled
         out = rb.num_out[:m]
         last = rb.last_token[:m]
-        rec = self.recorder
-        if rec is not None:
-            gaps = sampled & (out > 1)
-            if gaps.any():
-                rec.add_token_gaps(now - last[gaps])
+        gaps = sampled & (out > 1)
+        self._gaps = now - last[gaps] if gaps.any() else None
         for i in np.flatnonzero(sampled & (out == 1)).tolist():
             rb.reqs[i].first_token_s = now
         last[sampled] = now
@@ -367,22 +334,25 @@ class Scheduler:
                 req.finish_s = now
                 req.status = Status.FINISHED
                 self.queue.on_stop(req)
-                self.kv.free(req, now)
+                self.kv.free(req)
                 finished.append(req)
             rb.compress(~done)
         rb.n[:rb.m] = 0
         return finished
 
+    def stats(self) -> SchedulerStats:
+        rb = self.running
+        m = rb.m
+        kv = self.kv.stats()
+        # KV slots holding token states: the allocated slots less each running request's unused
+        # tail (capacity - computed). Shared prefix blocks are full and counted once, unlike a
+        # sum of computed tokens.
+        stored = kv.used_slots - int((rb.capacity[:m] - rb.computed[:m]).sum())
+        swap = None if self.swap is None else self.swap.stats()
+        return SchedulerStats(m, len(self.queue), stored, kv, self.num_preemptions, self._gaps,
+                              swap)
+
     def scheduled(self) -> dict[int, int]:
         """{req_id: tokens} of the step just scheduled, in running order (tests, traces)."""
         rb = self.running
         return {r.req_id: int(n) for r, n in zip(rb.reqs, rb.n[: rb.m].tolist()) if n}
-
-    @property
-    def tokens_stored(self) -> int:
-        """KV slots holding token states: the allocated slots less each running request's unused
-        tail (capacity - computed). Shared prefix blocks are full and counted once, unlike a sum
-        of computed tokens."""
-        rb = self.running
-        m = rb.m
-        return self.kv.used_slots - int((rb.capacity[:m] - rb.computed[:m]).sum())

@@ -1,110 +1,43 @@
-"""Queue policies: order the waiting queue and pick preemption victims.
+"""`tiered`: requests are placed in tiers by a rule; tier 0 is served first, under share caps.
 
-A policy is a small class: the waiting-queue operations, `pick_victim`, and two hooks that
-tell it who is running (`on_run` / `on_stop`), for policies that cap shares.
-- `fcfs` (vLLM): arrival order; preempted requests go back to the *front*; the victim is the
-  most recently admitted running request (the tail of the running list).
-- `priority` (vLLM): lower `priority` value first, ties by arrival time (then request id);
-  preempted requests re-enter by the same key; the victim is the running request with the
-  largest (priority, arrival).
-- `tiered`: requests are placed in tiers by a rule (prompt-token boundaries, or an explicit
-  class read from `priority` or `tenant`); tier 0 is served first. Each tier has a maximum share
-  of the running slots (max_num_seqs) and of the KV pool (by the final KV size of its running
-  requests); a tier at its cap admits nobody, even at the head of the queue, and the next tier
-  gets the turn, so lower tiers are never starved. The victim is the most recently admitted
-  request of the lowest tier that has one running.
+The rule (`by`): prompt-token boundaries, or an explicit class read from `priority`, `tenant` or
+the workload's `tier` column. Each tier has a maximum share of the running slots (max_num_seqs)
+and of the KV pool (by the final KV size of its running requests); a tier at its cap admits
+nobody, even at the head of the queue, and the next tier gets the turn, so lower tiers are
+never starved. The victim is the most recently admitted request of the lowest tier that has
+one running.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
-from typing import Any, Protocol
+from typing import Any
 
-from simulator.config.registry import Registry
+import numpy as np
+from pydantic import model_validator
+
+from simulator.engine.protocols import PluginParams, QueueContext
+from simulator.engine.scheduling.queues import QUEUE_POLICIES
 from simulator.errors import ConfigError, did_you_mean
 from simulator.workload.request import Request
 
 
-class QueuePolicy(Protocol):
-    def push(self, req: Request) -> None: ...  # a new arrival
-    def prepend(self, req: Request) -> None: ...  # a preempted request, back in line
-    def peek(self) -> Request | None: ...  # next to admit (None: nobody may be admitted now)
-    def pop(self) -> Request: ...  # remove the request peek() returned
-    def __len__(self) -> int: ...
-    def pick_victim(self, running: list[Request]) -> int: ...  # index into running
+class TieredParams(PluginParams):
+    """engine.queue_params of `tiered`; validate_tiers checks every rule (one line each)."""
+
+    tiers: Any = None  # [{name, max_seq_share, max_kv_share, max_prompt_tokens | match}, ...]
+    by: Any = "prompt_tokens"  # prompt_tokens | priority | tenant | tier
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not set(data) - {"tiers", "by"}:
+            by = data.get("by", "prompt_tokens")
+            data = {**data, "tiers": validate_tiers(data.get("tiers"), by)}
+        return data
 
 
-QUEUE_POLICIES: Registry = Registry("queue_policy")
-
-
-class _NoShares:
-    continue_after_self_preemption = False  # vLLM: only `priority` goes on past its own victim
-
-    def configure(self, max_num_seqs: int, total_slots: int) -> None:
-        pass
-
-    def on_run(self, req: Request) -> None:
-        pass
-
-    def on_stop(self, req: Request) -> None:
-        pass
-
-
-@QUEUE_POLICIES.register("fcfs")
-class FCFS(_NoShares):
-    def __init__(self, **_: Any) -> None:
-        self._q: deque[Request] = deque()
-
-    def push(self, req: Request) -> None:
-        self._q.append(req)
-
-    def prepend(self, req: Request) -> None:
-        self._q.appendleft(req)
-
-    def peek(self) -> Request | None:
-        return self._q[0]
-
-    def pop(self) -> Request:
-        return self._q.popleft()
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def pick_victim(self, running: list[Request]) -> int:
-        return len(running) - 1
-
-
-@QUEUE_POLICIES.register("priority")
-class Priority(_NoShares):
-    def __init__(self, **_: Any) -> None:
-        self._heap: list[tuple[int, float, int, Request]] = []
-
-    def push(self, req: Request) -> None:
-        heapq.heappush(self._heap, (req.priority, req.arrival_s, req.req_id, req))
-
-    prepend = push  # vLLM: a preempted request re-enters the heap by its own key
-    continue_after_self_preemption = True  # vLLM 0.33: later running requests rank higher
-
-    def peek(self) -> Request | None:
-        return self._heap[0][-1]
-
-    def pop(self) -> Request:
-        return heapq.heappop(self._heap)[-1]
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def pick_victim(self, running: list[Request]) -> int:
-        best, best_key = 0, None
-        for i, r in enumerate(running):
-            key = (r.priority, r.arrival_s)
-            if best_key is None or key > best_key:  # first max wins, like Python's max()
-                best, best_key = i, key
-        return best
-
-
-@QUEUE_POLICIES.register("tiered")
+@QUEUE_POLICIES.register("tiered", params=TieredParams)
 class Tiered:
     """tiers: list of {name, max_seq_share, max_kv_share, and one of max_prompt_tokens / match}.
 
@@ -116,17 +49,8 @@ class Tiered:
 
     continue_after_self_preemption = False
 
-    def check_names(self, names) -> None:
-        if self.by != "tier":
-            return
-        unknown = sorted(set(names) - set(self._index_by_name))
-        if unknown:
-            raise ConfigError(f"workload tier {unknown[0]!r} is not a tier of engine.queue_params"
-                              f"{did_you_mean(unknown[0], list(self._index_by_name))}; tiers: "
-                              f"{', '.join(self._index_by_name)}")
-
-    def __init__(self, tiers: list[dict[str, Any]] | None = None, by: str = "prompt_tokens",
-                 **_: Any) -> None:
+    def __init__(self, ctx: QueueContext, tiers: list[dict[str, Any]] | None = None,
+                 by: str = "prompt_tokens") -> None:
         self.by = by
         self.tiers = validate_tiers(tiers, by)
         self._index_by_name = {t["name"]: i for i, t in enumerate(self.tiers)}
@@ -134,15 +58,21 @@ class Tiered:
         self._queues: list[deque[Request]] = [deque() for _ in range(k)]
         self._running: list[list[Request]] = [[] for _ in range(k)]
         self._kv_tokens = [0] * k
-        self._max_seqs = [0] * k
-        self._max_kv = [0.0] * k
+        self._max_seqs = [max(1, int(t["max_seq_share"] * ctx.max_num_seqs)) for t in self.tiers]
+        self._max_kv = [t["max_kv_share"] * ctx.total_slots for t in self.tiers]
         self._n = 0
         self._peeked: int | None = None
+        if by == "tier":
+            self._check_names(ctx.workload_tiers)
 
-    def configure(self, max_num_seqs: int, total_slots: int) -> None:
-        for i, t in enumerate(self.tiers):
-            self._max_seqs[i] = max(1, int(t["max_seq_share"] * max_num_seqs))
-            self._max_kv[i] = t["max_kv_share"] * total_slots
+    def _check_names(self, tiers: np.ndarray | None) -> None:
+        if tiers is None:
+            raise ConfigError("engine.queue_params.by is 'tier' but the workload has no tier column")
+        unknown = sorted(set(np.unique(tiers.astype(str)).tolist()) - set(self._index_by_name))
+        if unknown:
+            raise ConfigError(f"workload tier {unknown[0]!r} is not a tier of engine.queue_params"
+                              f"{did_you_mean(unknown[0], list(self._index_by_name))}; tiers: "
+                              f"{', '.join(self._index_by_name)}")
 
     def tier_of(self, req: Request) -> int:
         if self.by == "prompt_tokens":
@@ -157,9 +87,6 @@ class Tiered:
             if value in t.get("match", ()):
                 return i
         return len(self.tiers) - 1
-
-    def tier_name(self, req: Request) -> str:
-        return self.tiers[self.tier_of(req)]["name"]
 
     def push(self, req: Request) -> None:
         i = self.tier_of(req)

@@ -1,0 +1,110 @@
+"""BlockPool (vLLM v1): owns every KV block - ref counts, hashes, the hash map and the free queue.
+
+NOTE: block 0 is vLLM's null block and is never handed out, so a pool of N blocks has N - 1
+usable ones and usage = 1 - free / (N - 1). Free-but-cached blocks count as free.
+
+    free queue (the eviction policy; head = next to reuse): [b7, b3, b9, ...]
+    get_new_blocks: pop from the head; a popped block that still has a hash is evicted then (lazy)
+    free_blocks:    a request's blocks come back tail-first; unhashed ones to the head (reused
+                    first), hashed ones to the tail (vLLM 0.33)
+    touch:          a cached block is hit: out of the free queue, ref count + 1
+
+Invariants: a block is in the free queue exactly when its ref count is 0; a hash maps to its
+blocks in caching order (duplicates are possible, a lookup returns the first); the pool keeps
+the per-block metadata the policies read (`freed_s`, `last_access_s`, `num_hits`).
+"""
+
+from __future__ import annotations
+
+from array import array
+
+from simulator.engine.kvcache.eviction import EVICTION_POLICIES
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, eviction: str = "lru",
+                 eviction_params: dict | None = None) -> None:
+        if num_blocks < 2:
+            raise ValueError(f"a block pool needs >= 2 blocks (one is the null block), got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.now = 0.0
+        self.ref_cnt = [0] * num_blocks
+        self.ref_cnt[0] = 1  # null block, permanently held
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.last_access_s = [0.0] * num_blocks
+        self.freed_s = [0.0] * num_blocks
+        self.num_hits = [0] * num_blocks
+        self.cached: dict[int, dict[int, None]] = {}  # hash -> {block_id: None}, caching order
+        self.free_queue = EVICTION_POLICIES.build(eviction, eviction_params, "engine.eviction_params",
+                                                  self, range(1, num_blocks))
+        self.num_evictions = 0
+        self.evicted_idle_s = array("d")  # now - last access, for every evicted cached block
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    def get_cached_block(self, block_hash: int) -> int | None:
+        blocks = self.cached.get(block_hash)
+        return next(iter(blocks)) if blocks else None
+
+    def touch(self, block_ids: list[int]) -> None:
+        now = self.now
+        for b in block_ids:
+            if self.ref_cnt[b] == 0:
+                self.free_queue.remove(b)
+            self.ref_cnt[b] += 1
+            self.num_hits[b] += 1
+            self.last_access_s[b] = now
+
+    def get_new_blocks(self, n: int) -> list[int]:
+        if n > len(self.free_queue):
+            raise ValueError(f"asked for {n} blocks, {len(self.free_queue)} free")
+        now = self.now
+        out = []
+        for _ in range(n):
+            b = self.free_queue.popleft()
+            h = self.block_hash[b]
+            if h is not None:  # lazy eviction of a cached block
+                blocks = self.cached[h]
+                del blocks[b]
+                if not blocks:
+                    del self.cached[h]
+                self.block_hash[b] = None
+                self.num_evictions += 1
+                self.evicted_idle_s.append(now - self.last_access_s[b])
+            self.ref_cnt[b] = 1
+            self.num_hits[b] = 0
+            self.last_access_s[b] = now
+            out.append(b)
+        return out
+
+    def cache_block(self, block_id: int, block_hash: int) -> None:
+        if self.block_hash[block_id] is None:
+            self.block_hash[block_id] = block_hash
+            self.cached.setdefault(block_hash, {})[block_id] = None
+
+    def free_blocks(self, ordered_blocks: list[int]) -> None:
+        """Drop one reference from each block. Blocks reaching 0 that carry no hash go to the
+        *front* of the free queue, in order (reused first: nobody can hit them); hashed ones
+        join the tail in order (vLLM 0.33 BlockPool.free_blocks: LIFO reuse of uncached
+        blocks, FIFO of cached ones)."""
+        now = self.now
+        first: list[int] = []
+        block_hash = self.block_hash
+        for b in ordered_blocks:
+            self.ref_cnt[b] -= 1
+            if self.ref_cnt[b] == 0:
+                self.freed_s[b] = now
+                if block_hash[b] is None:
+                    first.append(b)
+                else:
+                    self.free_queue.append(b)
+            elif self.ref_cnt[b] < 0:
+                raise AssertionError(f"block {b} freed twice")
+        if first:
+            self.free_queue.prepend(first)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks / (self.num_blocks - 1)
