@@ -273,7 +273,8 @@ def test_plugin_params_errors_name_the_field_and_list_valid_keys():
     with pytest.raises(ConfigError, match=r"^engine\.eviction_params\.ttl_s must be > 0, got -1$"):
         reg.validate_params("toy", {"ttl_s": -1}, "engine.eviction_params")
     with pytest.raises(ConfigError, match=r"^engine\.eviction_params: unknown key 'ttl' for "
-                                          r"eviction_policy 'toy' \(did you mean 'ttl_s'\?\); valid: ttl_s, mode$"):
+                                          r"eviction_policy 'toy' \(did you mean 'ttl_s'\?\); "
+                                          r"valid: ttl_s, mode$"):
         reg.validate_params("toy", {"ttl": 1}, "engine.eviction_params")
     with pytest.raises(ConfigError, match=r"^engine\.eviction_params\.ttl_s must be a number, got 'x'$"):
         reg.validate_params("toy", {"ttl_s": "x"}, "engine.eviction_params")
