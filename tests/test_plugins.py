@@ -151,3 +151,23 @@ def test_bad_params_fail_before_any_work(monkeypatch, sets, message):
     with pytest.raises(ConfigError) as e:
         run(build_config(None, ["engine.max_model_len=4096", *sets]))
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_trace_format(tmp_path, capsys):
+    importlib.import_module("tests.plugins.ms_trace_format")
+    trace = tmp_path / "log.csv"
+    rows = [(i * 250, 100 + 10 * i, 20 + i) for i in range(40)]  # one request every 250 ms
+    trace.write_text("t_ms,in_tok,out_tok\n" + "".join(f"{t},{a},{b}\n" for t, a, b in rows))
+    for fmt in ("kvlog", "auto"):  # named, and found by auto-detection from its columns
+        code, err, summary = kvsim_run(tmp_path, capsys, "--set", f"workload.trace={trace}",
+                                       "--set", f"workload.format={fmt}")
+        assert code == 0, err
+        req = pd.read_parquet(tmp_path / "run" / "requests.parquet").sort_values("req_id")
+        assert summary["requests"]["finished"] == 40
+        assert req.arrival_s.tolist() == [t / 1000 for t, _, _ in rows]
+        assert req.prompt_tokens.tolist() == [a for _, a, _ in rows]
+        assert req.output_tokens.tolist() == [b for _, _, b in rows]
+    trace.write_text("t_ms,in_tok\n0,5\n")
+    code, err, _ = kvsim_run(tmp_path, capsys, "--set", f"workload.trace={trace}",
+                             "--set", "workload.format=kvlog")
+    assert code == 2 and "out_tok" in err and len(err.splitlines()) == 1

@@ -1,7 +1,8 @@
 """Trace replay: read recorded traffic into RequestArrays, then reshape it (transforms).
 
 Formats live in one registry (`TRACE_FORMATS`); `format: auto` picks the first whose columns
-the file has. Every format maps file columns onto canonical fields (timestamp, prompt_tokens,
+the file has (built-ins in their order, then plug-ins by name). A format is data, not code: a
+plug-in module adds one with one line, `TRACE_FORMATS.register(name)(TraceFormat(...))`. Every format maps file columns onto canonical fields (timestamp, prompt_tokens,
 output_tokens, optional hash_ids / tenant / priority / session_id); `generic` takes that
 mapping from the config (`columns:`, `timestamp_unit:`).
 
@@ -125,11 +126,13 @@ def _resolve_format(cfg: WorkloadConfig, path: Path) -> TraceFormat:
             raise ConfigError(f"workload.columns applies to format generic, not {name!r}")
         return fmt
     kind, header = _sniff(path)
-    for cand in _DETECT_ORDER:
+    # built-in formats in their order, then plug-in formats by name
+    plugins = [n for n in TRACE_FORMATS.names() if n not in _DETECT_ORDER and n != "generic"]
+    for cand in [*_DETECT_ORDER, *plugins]:
         fmt = TRACE_FORMATS.get(cand)
         if fmt.kind == kind and set(fmt.columns.values()) <= set(header):
             return fmt
-    formats = "; ".join(TRACE_FORMATS.get(n).about for n in _DETECT_ORDER)
+    formats = "; ".join(TRACE_FORMATS.get(n).about for n in [*_DETECT_ORDER, *plugins])
     raise ConfigError(f"trace {path}: cannot detect the format from {kind} columns {header}; "
                       f"known: {formats}. Name it with workload.format, or map the columns with "
                       f"format: generic and workload.columns")
