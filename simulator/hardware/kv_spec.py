@@ -165,13 +165,21 @@ class KVCacheLayout:
         return int(self.max_concurrency(num_blocks, max_model_len, max_in_flight_tokens) * max_model_len)
 
     def describe(self) -> str:
-        parts = []
+        """e.g. '2 KV cache groups of 16.0 KiB pages: 1 x sliding window 128 (18 layers), 1 x full
+        attention (18 layers)'."""
+        kinds: dict[str, list[int]] = {}  # label -> [groups, layers]
         for g in self.groups:
             s = g.spec
-            what = {"sliding_window": f"sliding window {s.sliding_window}",
-                    "chunked_local": f"chunked local {s.attention_chunk_size}"}.get(s.kind, s.kind)
-            parts.append(f"{len(g.layers)} x {what} ({s.page_size_bytes / 1024:.1f} KiB/page)")
-        return f"{len(self.groups)} KV cache group(s): " + ", ".join(parts)
+            label = {"sliding_window": f"sliding window {s.sliding_window}",
+                     "chunked_local": f"chunked local {s.attention_chunk_size}",
+                     "full_attention": "full attention"}.get(s.kind, s.kind.upper())
+            counts = kinds.setdefault(label, [0, 0])
+            counts[0] += 1
+            counts[1] += len(g.layers)
+        page = self.groups[0].spec.page_size_bytes
+        return (f"{len(self.groups)} KV cache group{'s' if len(self.groups) > 1 else ''} of "
+                f"{page / 1024:.1f} KiB pages: "
+                + ", ".join(f"{n} x {label} ({layers} layers)" for label, (n, layers) in kinds.items()))
 
 
 def layer_kv_specs(model: ModelSpec, *, tp: int, block_size: int,

@@ -581,7 +581,10 @@ def load_model(path: str | Path) -> ModelSpec:
         fields.update(_moe(f, model_type, layers))
     if model_type in ("deepseek_v3", "kimi_k2"):
         fields.update(_mla(f))
-    return ModelSpec(**fields)
+    try:
+        return ModelSpec(**fields)
+    except ConfigError as e:  # name the file, not only the model
+        raise ConfigError(f"model config {path}: {e}") from None
 
 
 def with_dtype(model: ModelSpec, dtype_bytes: int) -> ModelSpec:
