@@ -9,9 +9,13 @@ after it), so every entry point that sets up an engine refuses the same inputs v
     heads % tp == 0                        config/model.py ModelConfig.verify_with_parallel_config
     kv_heads % tp == 0 or tp % kv_heads    model_executor/layers/linear.py QKVParallelLinear.__init__
     intermediate_size % tp == 0 (dense)    model_executor/layers/linear.py MergedColumnParallelLinear
+      (also the dense layers of a MoE model, DeepSeek's first_k_dense_replace)
     block_size % 16 == 0                   platforms/cuda.py, platforms/rocm.py get_attn_backend_cls
     ceil(max_model_len / block_size)       v1/core/kv_cache_planning.py get_kv_cache_configs ->
       <= num_gpu_blocks - 1 (null block)     _check_enough_kv_cache_memory
+    hybrid models: the blocks of one       same: _max_memory_usage_bytes_from_groups sums the
+      max_model_len request summed over      groups' max_memory_usage_bytes / page_size_bytes
+      the KV cache groups <= num_gpu_blocks - 1
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ def tp_refusal(model: ModelSpec, tp: int) -> str | None:
         return f"must divide the {model.num_heads} attention heads of {name}"
     if kv % tp and tp % kv:  # tp < kv: kv % tp must be 0; tp > kv: tp % kv must be 0
         return f"must divide the {kv} KV heads of {name} or be a multiple of them"
-    if not model.is_moe and model.intermediate_size % tp:
+    if (not model.is_moe or model.dense_layers) and model.intermediate_size % tp:
         return f"must divide the MLP intermediate size {model.intermediate_size} of {name}"
     return None
 
@@ -86,3 +90,19 @@ def check_kv_capacity(num_gpu_blocks: int, block_size: int, max_model_len: int, 
             f"engine.max_model_len ({max_model_len}) is larger than the {usable * block_size} tokens the "
             f"KV cache can hold ({num_gpu_blocks} blocks of {block_size} on {where}, less vLLM's null "
             f"block); lower max_model_len or raise gpu_memory_utilization / tensor_parallel_size")
+
+
+def check_kv_capacity_groups(num_gpu_blocks: int, block_size: int, max_model_len: int,
+                             blocks_per_request: int, where: str) -> None:
+    """check_kv_capacity for a model with sliding-window / chunked-local layers: one
+    max_model_len request holds `blocks_per_request` block ids summed over its KV cache groups
+    (kv_spec.KVCacheLayout.blocks_per_request), which must fit beside the null block."""
+    usable = num_gpu_blocks - 1
+    if usable <= 0:
+        check_kv_capacity(num_gpu_blocks, block_size, max_model_len, where)
+    if blocks_per_request > usable:
+        raise ConfigError(
+            f"engine.max_model_len ({max_model_len}) does not fit in the KV cache: one request of that "
+            f"length holds {blocks_per_request} blocks over its KV cache groups, but {where} has "
+            f"{num_gpu_blocks} blocks of {block_size} (less vLLM's null block); lower max_model_len or "
+            f"raise gpu_memory_utilization / tensor_parallel_size")
