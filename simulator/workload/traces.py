@@ -2,9 +2,10 @@
 
 Formats live in one registry (`TRACE_FORMATS`); `format: auto` picks the first whose columns
 the file has (built-ins in their order, then plug-ins by name). A format is data, not code: a
-plug-in module adds one with one line, `TRACE_FORMATS.register(name)(TraceFormat(...))`. Every format maps file columns onto canonical fields (timestamp, prompt_tokens,
-output_tokens, optional hash_ids / tenant / priority / session_id); `generic` takes that
-mapping from the config (`columns:`, `timestamp_unit:`).
+plug-in module adds one with one line, `TRACE_FORMATS.register(name)(TraceFormat(...))`.
+Every format maps file columns onto canonical fields (timestamp, prompt_tokens, output_tokens,
+optional hash_ids / tenant / priority / session_id); `generic` takes that mapping from the
+config (`columns:`, `timestamp_unit:`).
 
 Rules (docs/workloads.md has the user-facing version):
 - times become float seconds from the first request (t=0); datetimes are parsed as ISO 8601
