@@ -27,12 +27,10 @@ from simulator.config.sections import ClusterConfig
 from simulator.engine.protocols import KVCacheView, Router
 from simulator.engine.replica import Replica
 from simulator.engine.routers import ROUTERS
-from simulator.errors import ConfigError, did_you_mean
+from simulator.errors import ConfigError
 from simulator.metrics.recorder import MetricsRecorder
 from simulator.metrics.summary import summarize
 from simulator.workload.request import Request, Status
-
-CLUSTER_KEYS = ("replicas", "router", "router_params")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,34 +40,19 @@ class ClusterSpec:
     router_params: dict = field(default_factory=dict)  # as written (the summary echoes it)
 
 
-def resolve_cluster(spec: dict[str, Any] | None) -> ClusterSpec:
-    """The validated `cluster:` section (one ConfigError per rule, naming field and value);
-    router_params are checked against the router's own params model."""
-    if isinstance(spec, ClusterConfig):  # the config's typed section
-        spec = spec.to_dict()
-    if spec is None:
-        spec = {}
-    if not isinstance(spec, dict):
-        raise ConfigError(f"cluster: expected a mapping with {', '.join(CLUSTER_KEYS)}, got {spec!r}")
-    for key in spec:
-        if key not in CLUSTER_KEYS:
-            raise ConfigError(f"cluster: unknown key {key!r}{did_you_mean(key, CLUSTER_KEYS)}; "
-                              f"valid: {', '.join(CLUSTER_KEYS)}")
-    n = spec.get("replicas", 1)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(f"cluster.replicas must be an integer >= 1, got {n!r}")
-    router = spec.get("router", "round_robin")
-    if not isinstance(router, str):
-        raise ConfigError(f"cluster.router must be a router name, got {router!r}")
+def resolve_cluster(spec: ClusterConfig | dict[str, Any] | None) -> ClusterSpec:
+    """The `cluster:` section with its router checked: the section itself is the config's
+    (ClusterConfig, validated there; a raw mapping is validated the same way), the router name
+    and router_params are checked here against the router registry and the router's own params
+    model (config sits below the engine and cannot see the registry)."""
+    spec = ClusterConfig.from_section(spec)
     try:
-        ROUTERS.get(router)
+        ROUTERS.get(spec.router)
     except ConfigError as e:
         raise ConfigError(f"cluster.router: {e}") from None
-    params = spec.get("router_params") or {}
-    if not isinstance(params, dict):
-        raise ConfigError(f"cluster.router_params must be a mapping, got {params!r}")
-    ROUTERS.validate_params(router, params, "cluster.router_params")
-    return ClusterSpec(n, router, dict(params))
+    params = dict(spec.router_params)
+    ROUTERS.validate_params(spec.router, params, "cluster.router_params")
+    return ClusterSpec(spec.replicas, spec.router, params)
 
 
 class Cluster:
