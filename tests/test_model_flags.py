@@ -34,7 +34,8 @@ def no_work(monkeypatch):
     (["--quantization", "fp4"], "engine.quantization must be one of bf16, fp8, w4a16, mxfp4, nvfp4, "
                                 "none, fp16, bfloat16, float16, int4, gptq, awq, gptq_marlin, awq_marlin, "
                                 "gpt_oss_mxfp4, modelopt_fp4 (did you mean 'nvfp4'?), got 'fp4'"),
-    (["--set", "engine.enable_expert_parallel=2"], "engine.enable_expert_parallel must be true or false, got 2"),
+    (["--set", "engine.enable_expert_parallel=2"],
+     "engine.enable_expert_parallel must be true or false, got 2"),
     (["--model", "deepseek-v3", "--tensor-parallel-size", "8", "--enable-expert-parallel"],
      "model deepseek-ai/DeepSeek-V3 does not fit even with expert parallelism: h100-sxm x tp=8 (experts "
      "over 8 GPUs) gives 71.7 GiB at gpu_memory_utilization=0.9, but weights need 78.3 GiB/GPU"),
