@@ -1,6 +1,5 @@
-"""KV-cache managers behind vLLM v1's boundary (protocols.KVCacheManager): the block pool, the
-paged, hybrid (one block table per KV cache group) and contiguous allocators, block hashes for
-prefix caching, and eviction/ policies."""
+"""KV-cache managers behind vLLM v1's boundary (protocols.KVCacheManager): the block pool, the paged,
+hybrid (a table per KV cache group) and contiguous allocators, prefix block hashes, eviction/ policies."""
 
 from simulator.config.registry import Registry
 
