@@ -124,8 +124,8 @@ def test_deepseek_v3_fits_eight_h200_not_eight_h100():
     assert str(e.value).startswith("model deepseek-ai/DeepSeek-V3 does not fit even with expert parallelism: "
                                    "h100-sxm x tp=8 (experts over 8 GPUs) gives 71.7 GiB")
     assert str(e.value).endswith("weights need 78.3 GiB/GPU and activations 1.2 GiB; raise "
-                                 "tensor_parallel_size or data_parallel_size, quantize the weights, or "
-                                 "pick a larger GPU")
+                                 "tensor_parallel_size or data_parallel_size (cluster.replicas), quantize "
+                                 "the weights, or pick a larger GPU")
     assert "\n" not in str(e.value)
 
 

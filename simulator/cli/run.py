@@ -24,6 +24,13 @@ VLLM_FLAGS = {
     "--max-num-seqs": ("max_num_seqs", int),
     "--max-num-batched-tokens": ("max_num_batched_tokens", int),
     "--tensor-parallel-size": ("tensor_parallel_size", int),
+    "--kv-cache-dtype": ("kv_cache_dtype", str),
+    "--quantization": ("quantization", str),
+}
+# vLLM boolean flags -> engine field (set to true when given)
+VLLM_SWITCHES = {
+    "--enable-expert-parallel": "enable_expert_parallel",
+    "--disable-hybrid-kv-cache-manager": "disable_hybrid_kv_cache_manager",
 }
 
 DESCRIPTION = """Simulate serving a workload: requests arrive, vLLM's scheduler batches them, the
@@ -62,6 +69,8 @@ def register(sub, help: str) -> None:
     vllm = p.add_argument_group("vLLM engine flags (same names as `vllm serve`)")
     for flag, (field, typ) in VLLM_FLAGS.items():
         vllm.add_argument(flag, type=typ, metavar=typ.__name__.upper(), help=f"engine.{field}")
+    for flag, field in VLLM_SWITCHES.items():
+        vllm.add_argument(flag, action="store_true", default=None, help=f"engine.{field}: true")
     p.set_defaults(func=main)
 
 
@@ -106,6 +115,9 @@ def main(args: argparse.Namespace) -> int:
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
             extra[f"engine.{field}"] = value
+    for flag, field in VLLM_SWITCHES.items():
+        if getattr(args, flag.lstrip("-").replace("-", "_")):
+            extra[f"engine.{field}"] = True
     if args.seed is not None:
         extra["seed"] = args.seed
     if args.model:

@@ -39,6 +39,13 @@ from simulator.config.sections import AlertsConfig, ClusterConfig, SloConfig
 from simulator.config.workload import WorkloadConfig
 from simulator.errors import ConfigError, did_you_mean
 
+# vLLM's --kv-cache-dtype and --quantization names that kvsim models (hardware/dtypes.py holds
+# their bytes; config sits below hardware, so the names are repeated here: tests/test_config.py
+# checks that both lists agree).
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
+QUANTIZATIONS = ("bf16", "fp8", "w4a16", "mxfp4", "nvfp4", "none", "fp16", "bfloat16", "float16", "int4",
+                 "gptq", "awq", "gptq_marlin", "awq_marlin", "gpt_oss_mxfp4", "modelopt_fp4")
+
 
 class EngineConfig(Section):
     """Engine knobs, named as vLLM names them. None = vLLM's default for the GPU."""
@@ -71,6 +78,14 @@ class EngineConfig(Section):
     # vLLM 0.33's default: admit a waiting request only if its whole sequence fits the KV pool
     scheduler_reserve_full_isl: Bool = True
     backend: one_of("kvsim", "vllm", text="must be kvsim or vllm") = "kvsim"  # type: ignore[valid-type]  # vllm: docs/parity.md
+    # vLLM's --kv-cache-dtype (auto: the model's dtype; fp8*: one byte, docs/models.md)
+    kv_cache_dtype: one_of(*KV_CACHE_DTYPES) = "auto"  # type: ignore[valid-type]
+    # vLLM's --quantization (None: the checkpoint's quantization_config, else 16-bit weights)
+    quantization: one_of(*QUANTIZATIONS) | None = None  # type: ignore[valid-type]
+    # vLLM's --enable-expert-parallel: routed experts spread whole over tp x cluster.replicas GPUs
+    enable_expert_parallel: Bool = False
+    # vLLM's --disable-hybrid-kv-cache-manager: sliding / chunked layers keep every token
+    disable_hybrid_kv_cache_manager: Bool = False
 
     @model_validator(mode="after")
     def _one_budget(self) -> EngineConfig:

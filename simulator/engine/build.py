@@ -29,6 +29,7 @@ from simulator.engine.cluster import ClusterSpec, resolve_cluster
 from simulator.engine.costmodel import CostModel
 from simulator.engine.kvcache import ALLOCATORS
 from simulator.engine.kvcache.eviction import EVICTION_POLICIES
+from simulator.engine.kvcache.hybrid import layout_params
 from simulator.engine.protocols import Backend, KVContext, QueueContext, SchedulerInterface
 from simulator.engine.routers import ROUTERS
 from simulator.engine.scheduling import BATCHING_MODES, QUEUE_POLICIES, Scheduler
@@ -68,18 +69,37 @@ class Setup:
     params: ValidatedParams | None = field(default=None, repr=False)
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
     backend: Backend | None = field(default=None, repr=False)
+    kv_allocator: str = ""  # the allocator built: engine.kv_allocator, or hybrid (see setup)
 
     def lines(self) -> list[str]:
         e = self.engine
+        formats = self.format_info()
         return [
             f"model {self.model.name} on {self.gpu.name} x tp={e.tensor_parallel_size}; "
-            f"{self.config.engine.kv_allocator} KV, {self.config.engine.scheduler} batching, "
-            f"max_num_seqs {e.max_num_seqs}, max_num_batched_tokens {e.max_num_batched_tokens}, "
+            f"{self.kv_allocator or self.config.engine.kv_allocator} KV, {self.config.engine.scheduler} "
+            f"batching, max_num_seqs {e.max_num_seqs}, max_num_batched_tokens {e.max_num_batched_tokens}, "
             f"max_model_len {e.max_model_len}",
+            *([", ".join(f"{k} {v}" for k, v in formats.items())] if formats else []),
             *self.memory.lines(e.max_model_len),
             self.cost.describe(),
             *(self.backend.lines() if self.backend is not None else []),
         ]
+
+    def format_info(self) -> dict[str, Any]:
+        """The storage and parallelism settings that differ from vLLM's defaults (kv_cache_dtype,
+        quantization, expert parallelism, hybrid manager off), for the setup lines and the
+        summary's config; empty for a default run, so its outputs do not change."""
+        eng = self.config.engine
+        info: dict[str, Any] = {}
+        if eng.kv_cache_dtype != "auto":
+            info["kv_cache_dtype"] = eng.kv_cache_dtype
+        if eng.quantization is not None:
+            info["quantization"] = eng.quantization
+        if eng.enable_expert_parallel:
+            info["expert_parallel_size"] = self.engine.tensor_parallel_size * self.cluster.replicas
+        if eng.disable_hybrid_kv_cache_manager:
+            info["disable_hybrid_kv_cache_manager"] = True
+        return info
 
     def resolved_dict(self) -> dict[str, Any]:
         d = self.config.to_dict()
@@ -104,7 +124,8 @@ def _with_legacy(eng: EngineConfig, section: str, params: Any, name: str) -> dic
 def setup(config: SimConfig) -> Setup:
     """Steps: 1. names and plug-in params (a typo is the first error shown, before any memory
     math); 2. the backend's own rules; 3. vLLM's defaults for the GPU (resolve_engine);
-    4. the memory plan (num_gpu_blocks); 5. the cost model."""
+    4. the memory plan (num_gpu_blocks; engine.kv_cache_dtype, quantization, expert parallelism);
+    5. the cost model; 6. the allocator: hybrid for a hybrid KV cache layout."""
     eng = config.engine
     model = get_model(config.model)
     gpu = get_gpu(config.gpu)
@@ -122,14 +143,31 @@ def setup(config: SimConfig) -> Setup:
     backend: Backend = BACKENDS.get(eng.backend)()
     backend.check(config)
     engine = resolve_engine(eng, gpu.name, gpu.memory_gib, model.max_position_embeddings)
+    # NOTE: kvsim schedules one batch at a time (vLLM's max_concurrent_batches 1), so vLLM's
+    # max_in_flight_tokens is max_num_batched_tokens; with EP the experts spread over the DP
+    # ranks too, and kvsim's DP ranks are the cluster's replicas
     memory = plan_memory(model, gpu, tp=engine.tensor_parallel_size, block_size=engine.block_size,
                          gpu_memory_utilization=engine.gpu_memory_utilization,
                          max_num_batched_tokens=engine.max_num_batched_tokens,
                          max_num_seqs=engine.max_num_seqs, max_model_len=engine.max_model_len,
                          activation_reserve_gib=eng.activation_reserve_gib,
-                         num_gpu_blocks_override=eng.num_gpu_blocks_override)
+                         num_gpu_blocks_override=eng.num_gpu_blocks_override,
+                         kv_cache_dtype=eng.kv_cache_dtype, quantization=eng.quantization,
+                         enable_expert_parallel=eng.enable_expert_parallel,
+                         data_parallel_size=cluster.replicas,
+                         max_in_flight_tokens=engine.max_num_batched_tokens,
+                         hybrid_kv_cache_manager=not eng.disable_hybrid_kv_cache_manager)
+    # 6. a model with several KV cache groups, or a sliding / chunked one, takes the hybrid
+    # allocator (vLLM's HybridKVCacheCoordinator) in place of the paged one, its groups from the plan
+    allocator = eng.kv_allocator
+    if allocator in ("paged", "hybrid") and memory.kv_layout is not None and memory.kv_layout.is_hybrid:
+        allocator = "hybrid"
+        user = eng.kv_allocator_params if eng.kv_allocator == "hybrid" else {}
+        params = ValidatedParams(ALLOCATORS.validate_params(
+            "hybrid", {**layout_params(memory.kv_layout, engine.max_num_batched_tokens), **user},
+            "engine.kv_allocator_params"), eviction, queue, router)
     cost = CostModel(model, gpu, engine.tensor_parallel_size, engine.max_num_batched_tokens)
-    return Setup(config, model, gpu, engine, memory, cost, params, cluster, backend)
+    return Setup(config, model, gpu, engine, memory, cost, params, cluster, backend, allocator)
 
 
 def kv_context(s: Setup, workload: RequestArrays) -> KVContext:
@@ -154,15 +192,16 @@ class KvsimBackend:
         """1. the KV manager (ALLOCATORS, from the KV context); 2. the swap space, when
         preempting by swap; 3. the queue policy; 4. the batching mode; 5. the scheduler."""
         eng, e = s.config.engine, s.engine
-        kv = ALLOCATORS.build(eng.kv_allocator, s.params.kv_allocator, "engine.kv_allocator_params",
-                              kv_context(s, workload))
+        name = s.kv_allocator or eng.kv_allocator
+        kv = ALLOCATORS.build(name, s.params.kv_allocator,
+                              "engine.kv_allocator_params", kv_context(s, workload))
         swap = None
         if eng.preemption_mode == "swap":
             # vLLM v0 copies a paged cache block by block; a contiguous one moves one region
             swap = SwapSpace(int(eng.swap_space_gib * GIB), kv.block_size,
                              s.memory.kv_bytes_per_token, s.gpu.host_link_gbps,
                              s.gpu.host_link_latency_us * 1e-6,
-                             per_block_transfers=eng.kv_allocator == "paged",
+                             per_block_transfers=name in ("paged", "hybrid"),
                              tensors=2 * s.model.num_layers)
         queue = QUEUE_POLICIES.build(eng.queue_policy, s.params.queue, "engine.queue_params",
                                      QueueContext(e.max_num_seqs, kv.total_slots, workload.tier))

@@ -175,7 +175,7 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, *, tp: int, block_size: int,
                 f"{ep} GPUs) gives {requested / GIB:.1f} GiB at gpu_memory_utilization="
                 f"{gpu_memory_utilization}, but weights need {weights / GIB:.1f} GiB/GPU and activations "
                 f"{(activation + non_torch) / GIB:.1f} GiB; raise tensor_parallel_size or "
-                f"data_parallel_size, quantize the weights, or pick a larger GPU")
+                f"data_parallel_size (cluster.replicas), quantize the weights, or pick a larger GPU")
         hint = ", enable expert parallelism" if model.is_moe else ""
         raise ConfigError(
             f"model {model.name} does not fit: {where} gives "
