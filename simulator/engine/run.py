@@ -72,10 +72,10 @@ def run_config_summary(s: Setup) -> dict[str, Any]:
     config, e = s.config, s.engine
     return {"model": s.model.name, "gpu": s.gpu.name,
             "tensor_parallel_size": e.tensor_parallel_size,
-            "kv_allocator": config.engine.kv_allocator,
+            "kv_allocator": s.kv_allocator or config.engine.kv_allocator,
             "scheduler": config.engine.scheduler, "seed": config.seed,
             "num_gpu_blocks": s.memory.num_gpu_blocks, "block_size": e.block_size,
-            "cost_model_calibrated": s.cost.calibrated, **s.backend.info()}
+            "cost_model_calibrated": s.cost.calibrated, **s.format_info(), **s.backend.info()}
 
 
 def run(config: SimConfig, workload: RequestArrays | None = None, *,
