@@ -71,6 +71,9 @@ class EngineConfig(Section):
     # vLLM 0.33's default: admit a waiting request only if its whole sequence fits the KV pool
     scheduler_reserve_full_isl: Bool = True
     backend: one_of("kvsim", "vllm", text="must be kvsim or vllm") = "kvsim"  # type: ignore[valid-type]  # vllm: docs/parity.md
+    # event: pure-decode steps between events advance at once (docs/performance.md); step: one
+    # step at a time (the reference; same outputs)
+    advance: one_of("event", "step", text="must be event or step") = "event"  # type: ignore[valid-type]
 
     @model_validator(mode="after")
     def _one_budget(self) -> EngineConfig:
