@@ -356,7 +356,8 @@ class Scheduler:
         may differ from the last (the caller then steps). Steps:
         1. precondition: the last step was a pure decode of every running request, committed
            with no finish, and nothing arrived since; then admission fails again (same queue,
-           same budget, free blocks only fall) and every request decodes again;
+           same budget, free blocks only fall) and every request decodes again. Or: the queue
+           is empty and every running request is a decode (one token left to compute);
         2. k <= the steps before the first finish, <= max_steps;
         3. the blocks the steps take, in the loop's order (step, then running order): request i
            needs one at steps capacity - computed + q * block_size; k stops before the step
@@ -367,8 +368,14 @@ class Scheduler:
         5. apply: blocks popped in order, counters advanced by k, the records as columns."""
         rb = self.running
         m = rb.m
-        if not self._quiet or not m:
+        if not m:
             return None
+        if not self._quiet:
+            # an empty queue admits nobody whatever the free blocks: a batch of decodes only
+            # (each one token to compute, the budget holding them all) decodes again
+            if (len(self.queue) or m > self.max_num_batched_tokens
+                    or not (rb.tokens[:m] - rb.computed[:m] == 1).all() or not rb.num_out[:m].all()):
+                return None
         kv = self.kv
         room = kv.decode_room()
         if room is None:
