@@ -1,59 +1,81 @@
-"""Benchmark the core loop: wall time, simulated requests per wall second, peak RSS.
+"""Engine speed benchmark: W1-W4 of ../shared/bench, event-level advance vs the step loop.
 
-    python experiments/bench_core.py [--requests 10000 100000] [--rate 1000]
-
-Saturating load: Poisson arrivals far above what the replica serves, so the waiting queue
-holds most requests and the running batch stays full (default model/GPU, ShareGPT-like lengths).
-Target (issue 2): 100k requests in <= 60 s on one core. Each size runs in a fresh process so
-that peak RSS is per size.
+Run from the project root:
+    python experiments/bench_core.py                       # W1-W4 (W4 at 100,000 requests)
+    python experiments/bench_core.py --only w4 --w4-requests 1000000 --no-step
+Each run is a separate `python -m simulator run` process (wall = the whole command, peak RSS
+from wait4). Per workload it prints wall, engine steps, steps per wall second, peak RSS and the
+speed-up over `engine.advance: step` measured in the same invocation (W4's step reference runs
+at --w4-step-requests, a small N, and the speed-up compares steps per second).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import resource
+import os
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+
+import pandas as pd
+
+BENCH = Path("../shared/bench")
+WORKLOADS = {"w1": ["w1.yaml"], "w2": ["w2.yaml"], "w3": ["w3.yaml"], "w4": ["w4_scale.yaml"]}
 
 
-def one(n: int, rate: float) -> dict:
-    from simulator.config.schema import build_config
-    from simulator.engine.run import run
-
-    cfg = build_config(None, [f"workload.num_requests={n}", f"workload.arrival.rate={rate}",
-                              "engine.max_model_len=4096"])
-    t0 = time.perf_counter()
-    res = run(cfg)
-    wall = time.perf_counter() - t0
-    s = res.summary
-    return {"requests": n, "wall_s": round(wall, 2), "sim_requests_per_wall_s": round(n / wall),
-            "iterations": s["batch"]["num_iterations"],
-            "iterations_per_wall_s": round(s["batch"]["num_iterations"] / wall),
-            "mean_batch": round(s["batch"]["num_seqs"]["mean"], 1),
-            "simulated_s": round(s["makespan_s"], 1),
-            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+def one_run(config: str, sets: list[str], advance: str) -> dict:
+    """Wall seconds, engine steps, peak RSS (bytes) of one CLI run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "simulator", "run", str(BENCH / config), "--out", tmp,
+               "--set", f"engine.advance={advance}"]
+        for s in sets:
+            cmd += ["--set", s]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        if status != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{err}")
+        steps = len(pd.read_parquet(Path(tmp) / "iterations.parquet", columns=["start_s"]))
+    return {"wall_s": wall, "steps": steps, "rss_gb": usage.ru_maxrss * 1024 / 1e9}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, nargs="+", default=[10_000, 100_000])
-    ap.add_argument("--rate", type=float, default=1000.0)
-    ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--only", nargs="*", choices=sorted(WORKLOADS), default=sorted(WORKLOADS))
+    ap.add_argument("--w4-requests", type=int, default=100_000)
+    ap.add_argument("--w4-rate", type=float, default=1.4)
+    ap.add_argument("--w4-step-requests", type=int, default=3_000)
+    ap.add_argument("--no-step", action="store_true", help="skip the step-loop reference runs")
     args = ap.parse_args()
-    if args.child:
-        print(json.dumps(one(args.child, args.rate)))
-        return
-    print(f"{'requests':>9} {'wall_s':>7} {'req/wall_s':>10} {'iters':>8} {'iters/s':>8} "
-          f"{'batch':>6} {'sim_s':>8} {'RSS MiB':>8}")
-    for n in args.requests:
-        out = subprocess.run([sys.executable, __file__, "--child", str(n), "--rate", str(args.rate)],
-                             check=True, capture_output=True, text=True).stdout
-        r = json.loads(out.strip().splitlines()[-1])
-        print(f"{r['requests']:>9} {r['wall_s']:>7} {r['sim_requests_per_wall_s']:>10} "
-              f"{r['iterations']:>8} {r['iterations_per_wall_s']:>8} {r['mean_batch']:>6} "
-              f"{r['simulated_s']:>8} {r['peak_rss_mib']:>8}")
+    print(f"{'workload':<28} {'wall s':>8} {'steps':>10} {'steps/s':>10} {'RSS GB':>7} "
+          f"{'step wall s':>11} {'speed-up':>8}")
+    for name in args.only:
+        config = WORKLOADS[name][0]
+        sets: list[str] = []
+        step_sets: list[str] = []
+        label = name.upper()
+        if name == "w4":
+            rate = f"workload.arrival.rate={args.w4_rate}"
+            sets = [f"workload.num_requests={args.w4_requests}", rate]
+            step_sets = [f"workload.num_requests={args.w4_step_requests}", rate]
+            label = f"W4 {args.w4_requests:,} req @ {args.w4_rate}"
+        ev = one_run(config, sets, "event")
+        line = (f"{label:<28} {ev['wall_s']:>8.2f} {ev['steps']:>10,} "
+                f"{ev['steps'] / ev['wall_s']:>10,.0f} {ev['rss_gb']:>7.2f}")
+        if not args.no_step:
+            if name == "w4":  # the same engine and traffic at a small N: compare steps per second
+                small = one_run(config, step_sets, "event")
+                ref = one_run(config, step_sets, "step")
+                speedup = (small["steps"] / small["wall_s"]) / (ref["steps"] / ref["wall_s"])
+                line += f" {ref['wall_s']:>11.2f} {speedup:>7.1f}x (at {args.w4_step_requests:,} req)"
+            else:
+                ref = one_run(config, [], "step")
+                line += f" {ref['wall_s']:>11.2f} {ref['wall_s'] / ev['wall_s']:>7.1f}x"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -413,6 +413,10 @@ class VllmScheduler:
     def scheduled(self) -> dict[int, int]:
         return dict(self._scheduled)
 
+    def decode_run(self, now: float, until_s: float, step_times, max_steps: int = 4096) -> None:
+        """vLLM's scheduler is driven step by step (the reference): no decode runs."""
+        return None
+
 
 class VllmBackend:
     """engine.backend vllm (protocols.Backend): vLLM's scheduler and block pool per replica,

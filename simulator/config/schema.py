@@ -86,6 +86,9 @@ class EngineConfig(Section):
     enable_expert_parallel: Bool = False
     # vLLM's --disable-hybrid-kv-cache-manager: sliding / chunked layers keep every token
     disable_hybrid_kv_cache_manager: Bool = False
+    # event: pure-decode steps between events advance at once (docs/performance.md); step: one
+    # step at a time (the reference; same outputs)
+    advance: one_of("event", "step", text="must be event or step") = "event"  # type: ignore[valid-type]
 
     @model_validator(mode="after")
     def _one_budget(self) -> EngineConfig:

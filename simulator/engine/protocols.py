@@ -23,7 +23,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -36,6 +36,7 @@ from simulator.workload.request import Request
 
 if TYPE_CHECKING:
     from simulator.config.schema import SimConfig
+    from simulator.engine.advance import DecodeRun
     from simulator.engine.build import Setup
     from simulator.workload.generators import RequestArrays
 
@@ -178,6 +179,20 @@ class KVCacheManager(KVCacheView, Protocol):
 
     def free(self, req: Request) -> None: ...
 
+    # event-level advance (engine/advance.py): blocks for k pure-decode steps in one pass
+    def decode_room(self) -> int | None:
+        """Blocks decode steps may take in one run without changing anything else (None:
+        every step must go through the loop)."""
+        ...
+
+    def take_decode_blocks(self, reqs: list[Request], times: list[float]) -> None:
+        """One new block per entry, popped in order, stamped with its step's start time."""
+        ...
+
+    def decode_gauges(self, taken: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(used_slots, usage) after each step of a run, given the blocks taken through it."""
+        ...
+
 
 class EvictionPolicy(Protocol):
     """Orders the *free* blocks of a BlockPool: only ref-count-0 blocks are here; popping one
@@ -237,6 +252,12 @@ class SchedulerInterface(Protocol):
 
     def scheduled(self) -> dict[int, int]:
         """{req_id: tokens} of the step just scheduled, in running order (tests, traces)."""
+        ...
+
+    def decode_run(self, now: float, until_s: float, step_times: Callable[..., np.ndarray],
+                   max_steps: int = 4096) -> DecodeRun | None:
+        """The next pure-decode steps at once, ending before until_s (engine/advance.py);
+        None: step instead."""
         ...
 
 

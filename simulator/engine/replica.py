@@ -11,10 +11,12 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import simpy
 
+from simulator.engine.advance import ArrivalClock, decode_step_times
 from simulator.engine.costmodel import CostModel
 from simulator.engine.protocols import SchedulerInterface
 from simulator.engine.steptrace import StepTrace
@@ -28,7 +30,7 @@ class Replica:
                  recorder: MetricsRecorder, max_model_len: int, *,
                  on_iteration: Callable[[], None] | None = None,
                  on_request_end: Callable[[Request], None] | None = None,
-                 trace: StepTrace | None = None) -> None:
+                 trace: StepTrace | None = None, clock: ArrivalClock | None = None) -> None:
         self.env = env
         self.scheduler = scheduler
         self.kv = scheduler.kv
@@ -38,6 +40,9 @@ class Replica:
         self.on_iteration = on_iteration  # after every step (progress)
         self.on_request_end = on_request_end  # a request finished or was rejected (the cluster)
         self.trace = trace  # records each step's decisions (steptrace.py)
+        # engine.advance event: pure-decode steps advance in runs that end before clock.next_s
+        # (None: step by step, the reference)
+        self.clock = clock
         self.num_arrived = 0
         self.arrivals_done = False
         self._wake: simpy.Event | None = None
@@ -84,6 +89,11 @@ class Replica:
         env, sched, rec = self.env, self.scheduler, self.recorder
         step_time = self.cost.step_time
         trace = self.trace
+        clock = self.clock
+        cost = self.cost
+
+        def step_times(m, pairs, kv_tokens):
+            return decode_step_times(cost, m, pairs, kv_tokens)
         while True:
             if not sched.has_work:
                 if self.arrivals_done:
@@ -92,6 +102,16 @@ class Replica:
                 yield self._wake
                 self._wake = None
                 continue
+            if clock is not None:
+                run = sched.decode_run(env.now, clock.next_s, step_times)
+                if run is not None:
+                    yield env.timeout(run.delay)
+                    rec.record_many(run.columns, run.gaps, run.gaps_per_step)
+                    if trace is not None:
+                        trace.decode_run(run)
+                    if self.on_iteration is not None:
+                        self.on_iteration()
+                    continue
             start = env.now
             batch = sched.schedule(start)
             if trace is not None:
@@ -122,14 +142,18 @@ class Replica:
                 self.on_iteration()
 
 
-def feed_arrivals(env: simpy.Environment, workload: RequestArrays, target):
+def feed_arrivals(env: simpy.Environment, workload: RequestArrays, target,
+                  clock: ArrivalClock | None = None):
     """SimPy process: create each Request at its arrival time and hand it to `target` (a Replica
-    or a Cluster: `submit(req)`, then `close()`)."""
+    or a Cluster: `submit(req)`, then `close()`). `clock.next_s` is kept at the next arrival
+    time (inf after the last)."""
     arrival, prompt, output, priority = (workload.arrival_s, workload.prompt_tokens,
                                          workload.output_tokens, workload.priority)
     prefix, tenant, tier = workload.prefix, workload.tenant, workload.tier
     for i in range(len(workload)):
         t = float(arrival[i])
+        if clock is not None:
+            clock.next_s = t
         if t > env.now:
             yield env.timeout(t - env.now)
         req = Request(i, t, int(prompt[i]), int(output[i]), int(priority[i]),
@@ -138,4 +162,6 @@ def feed_arrivals(env: simpy.Environment, workload: RequestArrays, target):
         if tier is not None:
             req.tier = str(tier[i])
         target.submit(req)
+    if clock is not None:
+        clock.next_s = math.inf
     target.close()

@@ -29,6 +29,7 @@ import simpy
 import yaml
 
 from simulator.config.schema import SimConfig
+from simulator.engine.advance import ArrivalClock
 from simulator.engine.build import Setup, setup
 from simulator.engine.cluster import Cluster, MergedRecorder, cluster_section
 from simulator.engine.protocols import RouterContext, SchedulerInterface, SchedulerStats
@@ -102,14 +103,15 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *,
         def tick() -> None:
             progress(sum(len(r.requests) for r in recorders), total)
     env = simpy.Environment()
+    clock = ArrivalClock() if config.engine.advance == "event" else None
     replicas = [Replica(env, sched, s.cost, rec, s.engine.max_model_len, on_iteration=tick,
-                        trace=trace if n == 1 else None)
+                        trace=trace if n == 1 else None, clock=clock)
                 for sched, rec in zip(schedulers, recorders)]
     router = ROUTERS.build(s.cluster.router, s.params.router, "cluster.router_params",
                            RouterContext(n, config.engine.enable_prefix_caching,
                                          workload.prefix_block_tokens))
     cluster = Cluster(replicas, router)
-    env.process(feed_arrivals(env, workload, cluster))
+    env.process(feed_arrivals(env, workload, cluster, clock))
     t0 = time.perf_counter()
     env.run()
     wall = time.perf_counter() - t0

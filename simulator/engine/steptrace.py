@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from simulator.engine.advance import DecodeRun
     from simulator.engine.protocols import Batch, SchedulerInterface
 
 
@@ -46,6 +47,14 @@ class StepTrace:
         row["kv_usage"] = kv_usage
         self.rows.append(row)
         self._pending = None
+
+    def decode_run(self, run: DecodeRun) -> None:
+        """The steps of an event-level decode run, as step by step would have traced them."""
+        scheduled = [[r, 1] for r in run.req_ids]
+        usage = run.columns["kv_usage"].tolist()
+        for j, t in enumerate(run.starts[:-1].tolist()):
+            self.rows.append({"step": len(self.rows), "t_s": t, "scheduled": [list(x) for x in scheduled],
+                              "preempted": [], "admitted": [], "finished": [], "kv_usage": usage[j]})
 
     def write(self, path: str | Path) -> Path:
         path = Path(path)

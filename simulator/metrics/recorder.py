@@ -69,10 +69,34 @@ _OPTIONAL = (("num_sampled", "num_sampled", False),
 _ROW = operator.attrgetter(*ITER_COLUMNS, *(f for _, f, _ in _OPTIONAL))
 
 
+_FLUSH_ROWS = 4096  # rows buffered as tuples before they become typed column arrays
+
+
+def _as_block(columns: list) -> list[np.ndarray | None]:
+    """Per-step values of each column as one typed array (None: not kept in these steps)."""
+    block: list[np.ndarray | None] = []
+    for name, values in zip((*ITER_COLUMNS, *(c for c, _, _ in _OPTIONAL)), columns):
+        missing = values.count(None) if isinstance(values, tuple) else 0
+        if missing == len(values) and isinstance(values, tuple):
+            block.append(None)
+            continue
+        if missing:
+            raise ValueError(f"iteration column {name} is missing on {missing} of "
+                             f"{len(values)} steps; record it on every step or never")
+        block.append(np.asarray(values))
+    return block
+
+
 class MetricsRecorder:
+    """Per-step rows live as typed numpy column blocks (a short tuple buffer in front), so the
+    memory per step is ~8 bytes a column, not Python objects; `record_many` appends a block of
+    steps at once (the event-level advance)."""
+
     def __init__(self, total_slots: int) -> None:
         self.total_slots = total_slots
         self._rows: list[tuple] = []
+        self._blocks: list[list[np.ndarray | None]] = []
+        self.num_steps = 0
         self._gap_values: list[np.ndarray] = []
         self._gap_counts: list[np.ndarray] = []
         self._gap_buffer: list[np.ndarray] = []
@@ -81,9 +105,53 @@ class MetricsRecorder:
 
     def record(self, step: StepRecord) -> None:
         """One engine step (StepRecord's fields; its token gaps join the gap counts)."""
-        self._rows.append(_ROW(step))
+        rows = self._rows
+        rows.append(_ROW(step))
+        self.num_steps += 1
+        if len(rows) >= _FLUSH_ROWS:
+            self._flush()
         if step.token_gaps is not None:
             self.add_token_gaps(step.token_gaps)
+
+    def _flush(self) -> None:
+        if self._rows:
+            self._blocks.append(_as_block(list(zip(*self._rows))))
+            self._rows = []
+
+    def record_many(self, columns: dict[str, np.ndarray | None], gaps: np.ndarray,
+                    gaps_per_step: np.ndarray) -> None:
+        """k engine steps at once: `columns` maps every ITER_COLUMNS name and every optional
+        record field (StepRecord's names: prefix_queries_total, ...) to k values (None: not
+        kept); `gaps` are the steps' token gaps in step order, `gaps_per_step` how many each
+        step has. Same tables and gap counts as k `record` calls."""
+        self._flush()
+        names = (*ITER_COLUMNS, *(f for _, f, _ in _OPTIONAL))
+        block = [columns[name] for name in names]
+        k = len(block[0])
+        self._blocks.append(block)
+        self.num_steps += k
+        # NOTE: the gap buffer is compressed at the same step boundaries as step by step
+        # (the compressed chunks feed float sums, so their boundaries are part of the result)
+        limit = 1 << 16
+        pos = 0
+        ends = np.cumsum(gaps_per_step)
+        step = 0
+        while step < k:
+            room = limit - self._gap_buffered
+            # first step whose end takes the buffer to >= limit
+            cross = int(np.searchsorted(ends, pos + room, side="left"))
+            if cross >= k:
+                if len(gaps) > pos:
+                    self._gap_buffer.append(gaps[pos:])
+                    self._gap_buffered += len(gaps) - pos
+                break
+            end = int(ends[cross])
+            if end > pos:
+                self._gap_buffer.append(gaps[pos:end])
+                self._gap_buffered += end - pos
+            if self._gap_buffered >= limit:
+                self._compress_gaps()
+            pos, step = end, cross + 1
 
     def add_token_gaps(self, gaps: np.ndarray) -> None:
         # Most gaps in a step are equal (one step duration): they are kept as (value, count),
@@ -105,18 +173,20 @@ class MetricsRecorder:
 
     # --- tables ---------------------------------------------------------------------------
     def iterations_frame(self) -> pd.DataFrame:
-        rows = self._rows
-        columns = list(zip(*rows)) if rows else [()] * (len(ITER_COLUMNS) + len(_OPTIONAL))
-        cols = {c: np.asarray(columns[k]) for k, c in enumerate(ITER_COLUMNS)}
+        self._flush()
+        blocks = self._blocks
+        if not blocks:
+            return pd.DataFrame({c: np.asarray(()) for c in ITER_COLUMNS})
+        cols = {c: np.concatenate([blk[k] for blk in blocks]) for k, c in enumerate(ITER_COLUMNS)}
         for k, (name, _, is_total) in enumerate(_OPTIONAL, start=len(ITER_COLUMNS)):
-            values = columns[k]
-            missing = values.count(None)
-            if missing == len(values):  # not kept by this engine (or no steps at all)
+            parts = [blk[k] for blk in blocks]
+            missing = sum(len(blk[0]) for blk, p in zip(blocks, parts) if p is None)
+            if missing == self.num_steps:  # not kept by this engine
                 continue
             if missing:
                 raise ValueError(f"iteration column {name} is missing on {missing} of "
-                                 f"{len(values)} steps; record it on every step or never")
-            values = np.asarray(values)
+                                 f"{self.num_steps} steps; record it on every step or never")
+            values = np.concatenate(parts)
             cols[name] = np.diff(values, prepend=0) if is_total else values
         return pd.DataFrame(cols)
 

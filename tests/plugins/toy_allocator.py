@@ -56,6 +56,15 @@ class ToyBump:
     def free(self, req) -> None:
         self._used -= self._held.pop(req.req_id, 0)
 
+    def decode_room(self) -> int | None:  # no event-level decode runs: every step is looped
+        return None
+
+    def take_decode_blocks(self, reqs, times) -> None:
+        raise AssertionError("not used when decode_room() is None")
+
+    def decode_gauges(self, taken):
+        raise AssertionError("not used when decode_room() is None")
+
     def stats(self) -> KVStats:
         return KVStats(self._used, self._used / self.total_slots)
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import bisect
 from typing import Literal
 
+import numpy as np
+
 from simulator.engine.kvcache import ALLOCATORS
 from simulator.engine.protocols import KVContext, KVStats, PluginParams
 from simulator.workload.request import Request
@@ -113,6 +115,19 @@ class ContiguousAllocator:
         if i > 0 and self._starts[i - 1] + self._lengths[i - 1] == start:
             self._lengths[i - 1] += self._lengths.pop(i)
             del self._starts[i]
+
+    # --- event-level advance (engine/advance.py) ------------------------------------------
+    def decode_room(self) -> int | None:
+        """Decoding stays inside each reservation; a step that would grow one ends the run."""
+        return 0
+
+    def take_decode_blocks(self, reqs: list[Request], times: list[float]) -> None:
+        if reqs:
+            raise AssertionError("contiguous reservations give decode runs no room to take")
+
+    def decode_gauges(self, taken: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        k = len(taken)
+        return np.full(k, self._used, np.int64), np.full(k, self._used / self.total_slots)
 
     def stats(self) -> KVStats:
         used = self._used

@@ -273,3 +273,15 @@ class HybridAllocator:
         pool = self.pool
         free = len(pool.free_queue)
         return KVStats((pool.num_blocks - 1 - free) * self.block_size, 1.0 - free / (pool.num_blocks - 1))
+
+    # --- event-level advance (engine/advance.py) ------------------------------------------
+    # NOTE: sliding groups free blocks as decoding proceeds, which a decode run's single pass
+    # does not model yet: every step of a hybrid model goes through the loop.
+    def decode_room(self) -> int | None:
+        return None
+
+    def take_decode_blocks(self, reqs: list[Request], times: list[float]) -> None:
+        raise AssertionError("hybrid KV: decode runs are not taken in one pass")
+
+    def decode_gauges(self, taken):
+        raise AssertionError("hybrid KV: decode runs are not taken in one pass")

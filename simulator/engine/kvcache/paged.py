@@ -19,6 +19,8 @@ Prefix caching (vLLM v1 semantics):
 
 from __future__ import annotations
 
+import numpy as np
+
 from simulator.engine.kvcache import ALLOCATORS
 from simulator.engine.kvcache.block_pool import BlockPool
 from simulator.engine.kvcache.prefix import BlockHasher
@@ -192,6 +194,30 @@ class PagedAllocator:
         self._pending_hits.pop(req.req_id, None)
         if blocks:
             self.pool.free_blocks(blocks[::-1])
+
+    # --- event-level advance (engine/advance.py) ------------------------------------------
+    def decode_room(self) -> int | None:
+        """Blocks pure-decode steps may take in one run (None: no runs; with prefix caching a
+        block filled by decoding is hashed and may be hit, so every step goes through the loop)."""
+        return None if self.enable_prefix_caching else len(self.pool.free_queue)
+
+    def take_decode_blocks(self, reqs: list[Request], times: list[float]) -> None:
+        """One new block for each entry, popped in order (as allocate_slots_many pops them
+        step after step), stamped with its step's start time."""
+        pool = self.pool
+        new = pool.get_new_blocks(len(reqs))
+        tables = self.req_to_blocks
+        last = pool.last_access_s
+        for req, b, t in zip(reqs, new, times):
+            tables[req.req_id].append(b)
+            last[b] = t
+
+    def decode_gauges(self, taken: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(used_slots, usage) after each step of a run, `taken` blocks into it (cumulative),
+        as stats() computes them; taken blocks are already out of the free queue."""
+        nb = self.pool.num_blocks
+        free = len(self.pool.free_queue) + int(taken[-1]) - taken
+        return (nb - 1 - free) * self.block_size, 1.0 - free / (nb - 1)
 
     def stats(self) -> KVStats:
         pool = self.pool

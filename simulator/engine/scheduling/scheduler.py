@@ -27,10 +27,12 @@ make identical decisions (tests/test_scheduler.py checks this).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from simulator.engine.advance import DecodeRun, exact_delay
 from simulator.engine.costmodel import StepShape
 from simulator.engine.protocols import Batch, BatchingMode, KVCacheManager, QueuePolicy, SchedulerStats
 from simulator.engine.scheduling.running import RunningBatch
@@ -65,11 +67,16 @@ class Scheduler:
         # vLLM 0.33 scheduler_reserve_full_isl: admit only if the whole sequence fits
         self.reserve_full_isl = reserve_full_isl
         self.vectorized = vectorized  # False: the sequential reference loop only (tests)
+        # decode_run's precondition: the last step was a pure decode of the whole running batch
+        # (nothing admitted, preempted, swapped or finished) and nothing arrived since
+        self._pure = False  # the step just scheduled is a pure decode of every running request
+        self._quiet = False  # ... and it committed with no finish and no arrival during it
 
     # --- queue side ----------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
         req.status = Status.WAITING
         self.queue.push(req)
+        self._pure = self._quiet = False
 
     @property
     def has_work(self) -> bool:
@@ -300,6 +307,8 @@ class Scheduler:
         sampled = scheduled & (reach >= rb.tokens[:m])
         decodes = int(np.count_nonzero(sampled & (n == 1) & (rb.num_out[:m] > 0)))
         t = int(n.sum())
+        self._pure = (decodes == m == t and not preempted and not num_admitted
+                      and not self.step_swap_s)
         shape = StepShape(
             num_tokens=t,
             num_sampled=int(np.count_nonzero(sampled)),
@@ -338,7 +347,114 @@ class Scheduler:
                 finished.append(req)
             rb.compress(~done)
         rb.n[:rb.m] = 0
+        self._quiet = self._pure and not finished
         return finished
+
+    def decode_run(self, now: float, until_s: float, step_times: Callable[..., np.ndarray],
+                   max_steps: int = 4096) -> DecodeRun | None:
+        """The next k pure-decode steps at once (engine/advance.py), or None when the next step
+        may differ from the last (the caller then steps). Steps:
+        1. precondition: the last step was a pure decode of every running request, committed
+           with no finish, and nothing arrived since; then admission fails again (same queue,
+           same budget, free blocks only fall) and every request decodes again. Or: the queue
+           is empty and every running request is a decode (one token left to compute);
+        2. k <= the steps before the first finish, <= max_steps;
+        3. the blocks the steps take, in the loop's order (step, then running order): request i
+           needs one at steps capacity - computed + q * block_size; k stops before the step
+           whose block the free queue (`decode_room`) cannot give;
+        4. the durations (step_times over numpy) and start times (sequential float sums, as
+           SimPy adds them); k stops so the last step ends strictly before `until_s` (the next
+           arrival) and the end is reachable by one exact SimPy delay;
+        5. apply: blocks popped in order, counters advanced by k, the records as columns."""
+        rb = self.running
+        m = rb.m
+        if not m:
+            return None
+        if not self._quiet:
+            # an empty queue admits nobody whatever the free blocks: a batch of decodes only
+            # (each one token to compute, the budget holding them all) decodes again
+            if (len(self.queue) or m > self.max_num_batched_tokens
+                    or not (rb.tokens[:m] - rb.computed[:m] == 1).all() or not rb.num_out[:m].all()):
+                return None
+        kv = self.kv
+        room = kv.decode_room()
+        if room is None:
+            return None
+        k = min(int((rb.target_out[:m] - rb.num_out[:m]).min()) - 1, max_steps)  # 2.
+        if k < 1:
+            return None
+        bs = kv.block_size
+        c0 = rb.computed[:m]
+        j0 = rb.capacity[:m] - c0  # 3. the first step at which each request needs a block
+        cnt = np.where(j0 < k, (k - j0 + bs - 1) // bs, 0)
+        total = int(cnt.sum())
+        if total:
+            ev_i = np.repeat(np.arange(m), cnt)
+            ev_j = j0[ev_i] + (np.arange(total) - np.repeat(np.cumsum(cnt) - cnt, cnt)) * bs
+            order = np.lexsort((ev_i, ev_j))
+            ev_i, ev_j = ev_i[order], ev_j[order]
+            if total > room:
+                k = int(ev_j[room])
+                if k < 1:
+                    return None
+        else:
+            ev_i = ev_j = np.zeros(0, np.int64)
+        c_sum = int(c0.sum())  # 4.
+        j = np.arange(k, dtype=np.int64)
+        kv_tokens = c_sum + m * (j + 1)
+        durations = step_times(m, (c_sum + m * j + m).astype(np.float64), kv_tokens)
+        starts = np.empty(k + 1)
+        starts[0] = now
+        starts[1:] = durations
+        np.cumsum(starts, out=starts)
+        k = min(k, int(np.searchsorted(starts[1:], until_s, side="left")))
+        if k < 1:
+            return None
+        delay = exact_delay(now, float(starts[k]))
+        if delay is None:
+            return None
+        starts, durations, kv_tokens = starts[:k + 1], durations[:k], kv_tokens[:k]
+        n_ev = int(np.searchsorted(ev_j, k, side="left"))  # 5.
+        ev_i, ev_j = ev_i[:n_ev], ev_j[:n_ev]
+        stats = kv.stats()
+        if n_ev:
+            idx = ev_i.tolist()
+            reqs = rb.reqs
+            kv.take_decode_blocks([reqs[i] for i in idx], starts[ev_j].tolist())
+        taken = np.searchsorted(ev_j, j[:k], side="right")  # blocks taken through each step
+        used, usage = kv.decode_gauges(taken)
+        cap_sum = int(rb.capacity[:m].sum()) + bs * taken
+        stored = used - (cap_sum - (c_sum + m * (j[:k] + 1)))
+        if n_ev:
+            rb.capacity[:m] += bs * np.bincount(ev_i, minlength=m)
+        rb.computed[:m] += k
+        rb.tokens[:m] += k
+        rb.num_out[:m] += k
+        first = starts[1] - rb.last_token[:m]
+        gaps = np.concatenate((first, np.repeat(starts[2:] - starts[1:-1], m)))
+        rb.last_token[:m] = starts[k]
+        self._gaps = gaps[-m:]
+        kv.now = float(starts[k - 1])
+        self._admitted = []
+        self.step_swap_s = 0.0
+        full = np.full(k, m, np.int64)
+        zeros = np.zeros(k, np.int64)
+
+        def const(value: int | None) -> np.ndarray | None:
+            return None if value is None else np.full(k, value)
+        columns = {
+            "start_s": starts[:k], "duration_s": durations, "num_seqs": full,
+            "num_tokens": full, "prefill_tokens": zeros, "decode_tokens": full,
+            "num_preempted": zeros, "num_admitted": zeros, "num_running": full,
+            "num_waiting": np.full(k, len(self.queue), np.int64), "kv_used_slots": used,
+            "kv_usage": usage, "kv_tokens_stored": stored, "num_sampled": full,
+            "prefix_queries_total": const(stats.prefix_queries),
+            "prefix_hits_total": const(stats.prefix_hits),
+            "evictions_total": const(stats.num_evictions),
+            "swap_s": None if self.swap is None else np.zeros(k),
+            "kv_external_frag_slots": const(stats.external_frag_slots)}
+        return DecodeRun(delay, starts, columns, gaps, np.full(k, m, np.int64),
+                         [r.req_id for r in rb.reqs])
 
     def stats(self) -> SchedulerStats:
         rb = self.running

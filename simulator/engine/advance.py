@@ -1,0 +1,78 @@
+"""Event-level advance: many pure-decode steps at once, identical to stepping one by one.
+
+Between two events that can change what the scheduler decides (an arrival, an admission, a
+finish, a preemption, the step whose new blocks the free queue cannot cover), every step is a
+pure decode of the same running batch: each request gets one token, and the step's shape, its
+duration and the KV blocks it takes are closed-form functions of the step index j:
+    num_tokens = num_sampled = m,  kv_tokens = C + m (j + 1),  attn_pairs = C + m j + m
+(C = sum of the computed tokens at the first step). `Scheduler.decode_run` finds how many such
+steps k come before the next event, applies them in one pass and returns what the replica
+records (docs/performance.md states the invariants and how k is found).
+
+This module holds what the run needs besides the scheduler: the step durations over numpy
+arrays (the cost model's own tables, element-wise equal to CostModel.step_time) and the one
+SimPy delay that lands exactly on the last step's end.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.engine.costmodel import CostModel, StepShape
+
+
+@dataclass(slots=True)
+class ArrivalClock:
+    """When the next arrival will be submitted (inf: none left); feed_arrivals keeps it. A
+    decode run ends strictly before it, so routers and queues see every replica exactly as
+    step by step."""
+
+    next_s: float = math.inf
+
+
+@dataclass(slots=True)
+class DecodeRun:
+    """k pure-decode steps applied at once: what the replica waits, records and traces."""
+
+    delay: float  # the SimPy timeout that ends at starts[k] (env.now + delay == starts[k])
+    starts: np.ndarray  # k + 1 times: each step's start, then the last step's end
+    columns: dict  # MetricsRecorder.record_many columns (k values each, or None)
+    gaps: np.ndarray  # the steps' token gaps, in step order
+    gaps_per_step: np.ndarray
+    req_ids: list[int]  # the running batch, in running order (step traces)
+
+
+# NOTE: the step_time this module's formula mirrors; a cost model whose step_time was replaced
+# (a test's fixed step) is evaluated step by step instead
+_STEP_TIME = CostModel.step_time
+
+
+def decode_step_times(cost: CostModel, m: int, pairs: np.ndarray, kv_tokens: np.ndarray
+                      ) -> np.ndarray:
+    """CostModel.step_time(StepShape(m, m, pairs[j], kv_tokens[j])) for every j, over numpy:
+    the same float operations in the same order (tests/test_advance.py checks equality).
+    NOTE: reads the cost model's tables; the lead switches it to CostModel.step_times."""
+    if type(cost).step_time is not _STEP_TIME:
+        step_time = cost.step_time
+        return np.array([step_time(StepShape(m, m, p, k))
+                         for p, k in zip(pairs.tolist(), kv_tokens.tolist())], np.float64)
+    cost.step_time(StepShape(m, m, 0.0, 0))  # grows the tables if m is beyond them
+    attn = pairs * cost._attn_flops_c
+    mem = kv_tokens * cost._kv_c + m * cost._q_c
+    attn = np.where(mem > attn, mem, attn)
+    return (cost._by_tokens[m] + cost._layers * (attn + cost._attn_o) + cost._by_sampled[m]
+            + cost.params.iteration_overhead_s)
+
+
+def exact_delay(now: float, target: float) -> float | None:
+    """A delay d with now + d == target in floats (SimPy adds delays to now), or None."""
+    d = target - now
+    for _ in range(8):
+        t = now + d
+        if t == target:
+            return d
+        d = math.nextafter(d, math.inf if t < target else -math.inf)
+    return None

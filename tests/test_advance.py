@@ -1,0 +1,169 @@
+"""Event-level advance (engine.advance: event) against the step-by-step reference."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simulator.config.schema import build_config
+from simulator.engine.advance import decode_step_times, exact_delay
+from simulator.engine.costmodel import CostModel, StepShape
+from simulator.engine.run import run
+from simulator.engine.steptrace import StepTrace
+from simulator.errors import ConfigError
+from simulator.hardware.gpus import get_gpu
+from simulator.hardware.models import get_model
+from simulator.metrics.recorder import MetricsRecorder, StepRecord
+
+TIERS = ('{by: prompt_tokens, tiers: [{name: short, max_prompt_tokens: 300, max_seq_share: 0.5},'
+         ' {name: long}]}')
+
+
+def _outputs(overrides: list[str], advance: str, out: Path) -> tuple[dict[str, bytes], list]:
+    config = build_config(None, [*overrides, f"engine.advance={advance}"])
+    trace = StepTrace()
+    res = run(config, trace=trace)
+    res.write(out)
+    files = {name: (out / name).read_bytes()
+             for name in ("summary.json", "requests.parquet", "iterations.parquet")}
+    return files, trace.rows
+
+
+scenario = st.fixed_dictionaries({
+    "engine.kv_allocator": st.sampled_from(["paged", "paged", "contiguous"]),
+    "engine.scheduler": st.sampled_from(["continuous", "continuous", "static"]),
+    "engine.enable_chunked_prefill": st.booleans(),
+    "engine.enable_prefix_caching": st.booleans(),
+    "engine.queue_policy": st.sampled_from(["fcfs", "priority", "tiered"]),
+    "engine.preemption_mode": st.sampled_from(["recompute", "swap"]),
+    "engine.num_gpu_blocks_override": st.sampled_from([None, 300, 700]),
+    "replicas": st.sampled_from([1, 1, 3]),
+    "cluster.router": st.sampled_from(["round_robin", "least_outstanding", "kv_aware",
+                                       "prefix_affinity"]),
+    "sessions": st.booleans(),
+    "workload.arrival.rate": st.sampled_from([2.0, 10.0, 60.0]),
+    "seed": st.integers(0, 3),
+})
+
+
+def _overrides(s: dict) -> list[str]:
+    out = [f"seed={s['seed']}", "engine.max_model_len=4096",
+           "engine.max_num_batched_tokens=4096",
+           f"workload.arrival.rate={s['workload.arrival.rate']}"]
+    if s["sessions"]:
+        out = ["workload.duration_s=20", "workload.sessions.turns={dist: uniform, low: 1, high: 4}",
+               "workload.sessions.think_time_s={dist: lognormal, mean: 3, cv: 1.0, max: 20}",
+               "workload.system_prompts.count=3",
+               "workload.system_prompts.tokens={dist: lognormal, mean: 600, cv: 0.5, max: 1500}",
+               "workload.prompt_tokens={dist: lognormal, mean: 100, cv: 1.0, max: 600}",
+               "workload.output_tokens={dist: lognormal, mean: 80, cv: 0.8, max: 400}", *out]
+    else:
+        out.append("workload.num_requests=80")
+    for key in ("engine.kv_allocator", "engine.scheduler", "engine.enable_chunked_prefill",
+                "engine.enable_prefix_caching", "engine.queue_policy", "engine.preemption_mode"):
+        out.append(f"{key}={str(s[key]).lower()}")
+    if s["engine.num_gpu_blocks_override"] is not None:
+        out.append(f"engine.num_gpu_blocks_override={s['engine.num_gpu_blocks_override']}")
+    if s["engine.queue_policy"] == "tiered":
+        out.append(f"engine.queue_params={TIERS}")
+    if s["replicas"] > 1:
+        out += [f"cluster.replicas={s['replicas']}", f"cluster.router={s['cluster.router']}"]
+    return out
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(scenario)
+def test_event_level_advance_gives_byte_identical_outputs(s):
+    overrides = _overrides(s)
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            step, step_trace = _outputs(overrides, "step", Path(tmp) / "step")
+        except ConfigError:
+            return  # a combination the config rejects (same for both modes)
+        event, event_trace = _outputs(overrides, "event", Path(tmp) / "event")
+    for name in step:
+        assert event[name] == step[name], (name, overrides)
+    assert event_trace == step_trace, overrides
+
+
+def test_decode_runs_happen_and_cut_the_loop():
+    """W1-like light load: most steps come from decode runs, and the outputs are the same."""
+    overrides = ["engine.enable_chunked_prefill=false", "engine.enable_prefix_caching=false",
+                 "workload.num_requests=40", "workload.arrival.rate=1.0", "model=llama-2-7b",
+                 "gpu=a100-80gb", "engine.max_num_batched_tokens=4096"]
+    with tempfile.TemporaryDirectory() as tmp:
+        step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
+        event, trace_e = _outputs(overrides, "event", Path(tmp) / "e")
+    assert event == step and trace_e == trace_s
+    import simulator.engine.scheduling.scheduler as sched_mod
+    calls = []
+    original = sched_mod.Scheduler.decode_run
+
+    def counting(self, *a, **k):
+        r = original(self, *a, **k)
+        if r is not None:
+            calls.append(len(r.starts) - 1)
+        return r
+    sched_mod.Scheduler.decode_run = counting
+    try:
+        run(build_config(None, overrides))
+    finally:
+        sched_mod.Scheduler.decode_run = original
+    assert sum(calls) > 0.8 * len(trace_s)  # most steps advanced in runs
+    assert len(calls) < 0.05 * len(trace_s)
+
+
+@pytest.mark.parametrize("model,gpu,tp", [("llama-2-7b", "a100-80gb", 1), ("llama-2-7b", "h100-sxm", 2)])
+def test_decode_step_times_equal_step_time(model, gpu, tp):
+    cost = CostModel(get_model(model), get_gpu(gpu), tp)
+    rng = np.random.default_rng(0)
+    for m in (1, 7, 256, 300):
+        c = rng.integers(0, 10**7, 50)
+        pairs = (c + m).astype(np.float64)
+        kv = c + m
+        got = decode_step_times(cost, m, pairs, kv)
+        want = [cost.step_time(StepShape(m, m, float(p), int(k))) for p, k in zip(pairs, kv)]
+        assert got.tolist() == want
+
+
+def test_exact_delay_lands_on_the_target():
+    rng = np.random.default_rng(1)
+    for now, d in zip(rng.uniform(0, 1e5, 2000), rng.uniform(1e-4, 10, 2000)):
+        target = float(now) + float(d) + 0.001 * float(d)
+        delay = exact_delay(float(now), target)
+        assert delay is not None and float(now) + delay == target
+
+
+def test_record_many_equals_record_steps():
+    """Same tables and the same gap chunks (their boundaries feed float sums)."""
+    rng = np.random.default_rng(2)
+    k = 3000
+    a, b = MetricsRecorder(100), MetricsRecorder(100)
+    starts = np.cumsum(rng.uniform(0.01, 0.02, k + 1))
+    m = 40
+    cols = {"start_s": starts[:k], "duration_s": np.diff(starts), "num_seqs": np.full(k, m),
+            "num_tokens": np.full(k, m), "prefill_tokens": np.zeros(k, np.int64),
+            "decode_tokens": np.full(k, m), "num_preempted": np.zeros(k, np.int64),
+            "num_admitted": np.zeros(k, np.int64), "num_running": np.full(k, m),
+            "num_waiting": np.full(k, 3), "kv_used_slots": np.arange(k) * 16,
+            "kv_usage": np.arange(k) / k, "kv_tokens_stored": np.arange(k) * 15,
+            "num_sampled": np.full(k, m), "prefix_queries_total": None, "prefix_hits_total": None,
+            "evictions_total": None, "swap_s": np.zeros(k), "kv_external_frag_slots": None}
+    gaps = rng.uniform(0, 1, k * m).round(3)
+    a.record(StepRecord(0.0, 0.01, 1, 5, 5, 0, 0, 1, 1, 0, 16, 0.1, 5, 1, swap_s=0.0,
+                        token_gaps=rng.uniform(0, 1, 30000)))
+    b.record(StepRecord(0.0, 0.01, 1, 5, 5, 0, 0, 1, 1, 0, 16, 0.1, 5, 1, swap_s=0.0,
+                        token_gaps=a._gap_buffer[0]))
+    a.record_many(cols, gaps, np.full(k, m))
+    for j in range(k):
+        b.record(StepRecord(*(cols[c][j].item() for c in list(cols)[:14]), swap_s=0.0,
+                            token_gaps=gaps[j * m:(j + 1) * m]))
+    assert a.iterations_frame().equals(b.iterations_frame())
+    assert [len(v) for v in a._gap_values] == [len(v) for v in b._gap_values]
+    for x, y in zip(a.token_gaps(), b.token_gaps()):
+        assert np.array_equal(x, y)
