@@ -116,6 +116,6 @@ def residual_plot(panels: list[tuple[str, Residuals]], path: Path, title: str) -
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=72)
     plt.close(fig)
     return path
