@@ -352,7 +352,8 @@ class StepOverhead:
       loop, scheduler call, the model runner's input preparation, the sampler's host side,
       output serialisation to the API server). No public figure for vLLM V1's total exists; an
       assumption. Only the scheduler's share was measured: 57 us for one decode request
-      (vLLM 0.33's v1 Scheduler.schedule + update_from_output, `kvsim calibrate --host-probe`).
+      (vLLM 0.33's v1 Scheduler.schedule + update_from_output, `python -m
+      simulator.calibration.host_probe`).
     - cpu_per_seq_s = 16.7 us: measured the same way, schedule + update_from_output per running
       decode request (12.2 + 4.5 us, slope over 1-256 requests) on this project's build machine
       (a shared 2-core VM: a dedicated serving host is likely faster); input preparation per
