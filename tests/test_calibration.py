@@ -14,13 +14,13 @@ import pytest
 import yaml
 
 from simulator.calibration.data import model_dirs, read_mlp_csv
-from simulator.calibration.fit import fit_compute, fit_network
-from simulator.calibration.gpu_fit import fit_gpu
+from simulator.calibration.fit import GEMM_SHARED, fit_compute, fit_network
+from simulator.calibration.gpu_fit import fit_gpus
 from simulator.calibration.sections import measured_section, write_calibration
 from simulator.calibration.solve import Objective, Param, ParamStat, solve, t_interval
 from simulator.calibration.transfer import nearest_donor
 from simulator.cli.main import main as cli_main
-from simulator.engine.costmodel import LAYER_OPS, CostParams, ShardDims, op_times
+from simulator.engine.costmodel import LAYER_OPS, Chip, CostParams, ShardDims, op_times
 from simulator.errors import ConfigError
 from simulator.hardware.gpus import get_gpu
 
@@ -173,7 +173,7 @@ def synthetic_models(tmp_path: Path, gpu, truth: CostParams) -> list:
         for tp in (1, 2, 4, 8):
             hd = h / nh
             dims = ShardDims(h, nh * hd / tp, max(1.0, np.ceil(nkv / tp)) * hd, ffn / tp, float(gated))
-            times = op_times(dims, tokens, gpu.peak_flops(2), gpu.hbm_bandwidth_gbps * 1e9, truth)
+            times = op_times(dims, tokens, Chip.of(gpu), truth)
             for j, t in enumerate(tokens):
                 row = {f"time_stats.{op}.median": times[op][j] * 1e3 for op in OPS}
                 row.update(n_head=nh, n_kv_head=nkv, n_embd=h, n_expanded_embd=ffn, use_gated_mlp=gated,
@@ -199,33 +199,57 @@ def test_fit_recovers_known_parameters(tmp_path):
 
 @pytest.fixture(scope="module")
 def measured_fits():
+    """The three measured GPUs fitted together, as `kvsim calibrate` does (no held-out refits)."""
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data folder {SHARED_DATA} is absent")
-    return {g: fit_gpu(SHARED_DATA / "kernels", g) for g in ("a100", "a40", "h100")}
+    fits = fit_gpus(SHARED_DATA / "kernels", ["a100", "a40", "h100"], lomo=False, logo=False)
+    return {f.folder: f for f in fits}
 
 
+@pytest.fixture(scope="module")
+def heldout_fits():
+    """The same with the leave-one-model-out and leave-one-GPU-out refits (~2 minutes)."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data folder {SHARED_DATA} is absent")
+    fits = fit_gpus(SHARED_DATA / "kernels", ["a100", "a40", "h100"])
+    return {f.folder: f for f in fits}
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("folder,gpu,num_models", [("a100", "a100-80gb", 8), ("a40", "a40", 6),
                                                    ("h100", "h100-sxm", 2)])
-def test_leave_one_model_out_within_target(measured_fits, folder, gpu, num_models):
-    """Must-show 1: fit without model M, predict M's per-layer op sum on every token/TP row:
-    MAPE <= 8 % for every held-out model (H100: fit on one model, test on the other)."""
-    fit = measured_fits[folder]
+def test_held_out_errors_within_target(heldout_fits, folder, gpu, num_models):
+    """Issue 16: fit without model M (all GPUs' GEMMs together), predict M's per-layer op sum on
+    every token/TP row; and fit without this GPU, predict it through its datasheet. The figures
+    the docs quote (docs/costmodel.md) with a little slack: LOMO pooled mean <= 5.5 %, every
+    model <= 7 %, no token band off by more than 7 % on average; LOGO mean <= 10 %. The committed
+    profile holds the same LOMO figures."""
+    fit = heldout_fits[folder]
     assert fit.gpu.name == gpu and len(fit.lomo) == num_models
+    pooled = fit.lomo_residuals.stats()
+    assert pooled.mape_pct <= 5.5 and pooled.p95_pct <= 14.0, (gpu, pooled)
     for name, err in fit.lomo.items():
-        assert err.mape_pct <= 8.0, (gpu, name, err)
-        assert err.rows >= 261
+        assert err.mape_pct <= 7.0 and err.rows >= 261, (gpu, name, err)
+    for band, err in fit.lomo_residuals.by_band().items():
+        assert abs(err.bias_pct) <= 7.0, (gpu, band, err)
+    assert fit.logo.stats().mape_pct <= 10.0, (gpu, fit.logo.stats())
+    committed = get_gpu(gpu).calibration["error"]
+    assert committed["leave_one_model_out_mape_pct"] == \
+        pytest.approx({k: round(v.mape_pct, 2) for k, v in fit.lomo.items()}, abs=0.02)
+    assert committed["leave_one_gpu_out_pct"]["mean"] == pytest.approx(fit.logo.stats().mape_pct, abs=0.02)
 
 
 def test_committed_profiles_hold_the_fit(measured_fits):
-    """The YAMLs in gpu_profiles/ are what `kvsim calibrate` fits from the data today: parameters,
-    leave-one-model-out errors, standard errors and bound flags, and the rest of the provenance."""
+    """The YAMLs in gpu_profiles/ are what `kvsim calibrate` fits from the data today: parameters
+    (the shared GEMM tile costs the same on every GPU), standard errors and bound flags, and the
+    rest of the provenance."""
+    shared = {name: getattr(measured_fits["a100"].params, name) for name in GEMM_SHARED}
     for fit in measured_fits.values():
         committed = get_gpu(fit.gpu.name).calibration
         assert committed["status"] == "measured"
         for name, value in fit.params.as_dict().items():
             assert committed["params"][name] == pytest.approx(value, rel=2e-3), (fit.gpu.name, name)
-        assert committed["error"]["leave_one_model_out_mape_pct"] == \
-            pytest.approx({k: round(v.mape_pct, 2) for k, v in fit.lomo.items()}, abs=0.02)
+        assert {name: getattr(fit.params, name) for name in GEMM_SHARED} == shared
         fresh = measured_section(fit, committed["provenance"]["fit_date"])["provenance"]
         old = dict(committed["provenance"])
         for key in ("data", "network"):  # paths, relative to the current directory
@@ -237,21 +261,19 @@ def test_committed_profiles_hold_the_fit(measured_fits):
         assert new_se.get("at_bound") == old_se.get("at_bound"), fit.gpu.name
 
 
-def test_standard_errors_and_bounds_of_the_measured_fits(measured_fits):
-    """Every fitted parameter has a standard error or sits on a bound; the data pin each one down
-    to a few per cent; on H100 the soft-roofline exponent sits on its lower bound (no overlap)."""
+def test_standard_errors_and_no_parameter_on_a_bound(measured_fits):
+    """Every fitted parameter has a standard error, none sits on a bound of its physical range
+    (issue 16; the soft roofline had H100's overlap exponent on 1), and the data pin each one
+    down to a few per cent. The shared tile costs carry one joint standard error."""
     for fit in measured_fits.values():
-        assert set(fit.stats) == {n for n in fit.params.as_dict() if not n.startswith("attn_")} - \
-            {"iteration_overhead_s"}, fit.gpu.name
+        assert set(fit.stats) == {n for n in fit.params.as_dict() if not n.startswith("attn_")}, fit.gpu.name
         for name, stat in fit.stats.items():
             value = getattr(fit.params, name)
-            if stat.at_bound:
-                assert stat.std_error is None and value == stat.bound, (fit.gpu.name, name)
-            else:
-                assert 0 < stat.std_error < 0.1 * value and stat.dof >= 78, (fit.gpu.name, name, stat)
-    h100 = measured_fits["h100"].stats["gemm_overlap_exp"]
-    assert (h100.at_bound, h100.bound) == ("lower", 1.0)
-    assert all(s.at_bound is None for f in ("a100", "a40") for s in measured_fits[f].stats.values())
+            assert stat.at_bound is None, (fit.gpu.name, name, stat)
+            assert 0 < stat.std_error < 0.1 * value and stat.dof >= 78, (fit.gpu.name, name, stat)
+    a100, h100 = measured_fits["a100"].stats, measured_fits["h100"].stats
+    assert a100["gemm_tile_setup_k"] == h100["gemm_tile_setup_k"]
+    assert 1.0 < measured_fits["h100"].params.gemm_overlap_exp < 20.0
 
 
 def test_network_fit(shared_data):
@@ -295,15 +317,38 @@ def test_calibrate_cli_writes_profile_and_plot(shared_data, tmp_path, capsys):
                      "--report-dir", str(tmp_path / "r")])
     out = capsys.readouterr().out
     assert code == 0 and "leave-one-model-out" in out and "layer sum" in out
-    assert "h100-sxm: fitted parameters" in out and "on lower bound 1" in out and "95% interval" in out
+    assert "by tokens in the step" in out
+    assert "h100-sxm: fitted parameters" in out and "95% interval" in out
     cal = yaml.safe_load((tmp_path / "p/h100-sxm.yaml").read_text())["calibration"]
     assert cal["status"] == "measured" and cal["provenance"]["fit_date"] == "2026-01-02"
     assert cal["provenance"]["data"].endswith("kernels/compute/h100")
     assert cal["provenance"]["dataset"] == "Vidur's H100 kernel timings"
     se = cal["provenance"]["standard_errors"]
-    assert se["at_bound"] == {"gemm_overlap_exp": "lower bound 1"}
-    assert 0 < se["params"]["gemm_compute_eff"] < 0.01 and "gemm_overlap_exp" not in se["params"]
+    assert "at_bound" not in se and 0 < se["params"]["gemm_compute_eff"] < 0.02
+    assert "gemm_tile_setup_k" not in se["params"]  # one GPU alone: the shared tile costs are held
+    committed = get_gpu("h100-sxm").calibration["params"]
+    assert cal["params"]["gemm_tile_setup_k"] == committed["gemm_tile_setup_k"]
+    assert "held at the profile's values" in cal["provenance"]["shared"]
     assert (tmp_path / "r/parity.png").stat().st_size > 10_000
+    assert (tmp_path / "r/residuals.png").stat().st_size > 10_000
+
+
+def test_holdout_prints_the_held_out_table(shared_data, tmp_path, capsys):
+    """`kvsim calibrate --holdout MODEL|GPU` reruns one held-out check, prints the table per model
+    and token range and the residual plot, writes no profile; a name that is neither is one line."""
+    args = ["calibrate", "--profiles", str(shared_data / "kernels"), "--report-dir", str(tmp_path / "r")]
+    assert cli_main([*args, "--gpu", "h100", "--holdout", "phi-2"]) == 0
+    out = capsys.readouterr().out
+    assert "leave-one-model-out (microsoft/phi-2 held out" in out and "by tokens in the step" in out
+    assert "no profile written" in out and (tmp_path / "r/holdout_residuals.png").is_file()
+    assert cli_main([*args, "--holdout", "h100-sxm"]) == 0
+    out = capsys.readouterr().out
+    assert "leave-one-GPU-out (h100-sxm predicted from a100-80gb, a40 through its datasheet)" in out
+    assert "meta-llama/Llama-2-7b-hf" in out and "all rows" in out
+    assert cli_main([*args, "--holdout", "llama-9"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--holdout 'llama-9': not a measured GPU or model" in err
+    assert "GPUs: a100-80gb, a40, h100-sxm" in err
 
 
 # --- kvsim profile -------------------------------------------------------------------------
@@ -333,3 +378,21 @@ def test_profile_round_trips_through_calibrate(tmp_path, capsys):
     assert cal["status"] == "measured" and "attn_compute_eff" in cal["params"]
     assert cal["provenance"]["models"] == ["tiny-org/tiny-llama"]
     assert cal["provenance"]["dataset"] == "kernel timings measured on cpu-test"
+
+
+def test_end_to_end_rows_have_sources_and_compare():
+    """Every end-to-end reference row names its source and status; the comparison evaluates the
+    cost model without changing it, and the A100 / L40S rows land inside their ranges while the
+    H100 rows miss (docs/costmodel.md, "End-to-end check", explains why)."""
+    from simulator.calibration.e2e import compare, reference_rows
+
+    rows = reference_rows()
+    assert rows and all(r.source and r.status in ("published", "derived") and r.low_s < r.high_s
+                        for r in rows)
+    out = compare(rows)
+    for c in out:
+        assert 0 < c.kernels_s < c.predicted_s
+        inside = c.deviation_pct == 0.0
+        assert inside == (c.row.gpu != "h100-sxm"), (c.row, c.predicted_s, c.deviation_pct)
+    faster = compare(rows, async_scheduling=True)
+    assert all(f.predicted_s < c.predicted_s for f, c in zip(faster, out))

@@ -28,9 +28,10 @@ from simulator.engine.costmodel import (
     ATTN_TO_GEMM_COMPUTE,
     ELEMENTWISE_KIND,
     ELEMENTWISE_KINDS,
+    Chip,
     CostParams,
+    GemmGeometry,
     allreduce_time,
-    gemm_time,
     link_bandwidth,
 )
 from simulator.errors import ConfigError
@@ -90,45 +91,151 @@ def _gemm_rows(models: list[ModelTimings]) -> tuple[np.ndarray, ...]:
 # Rows with at most this many tokens are deep in the bandwidth-bound regime on every GPU here
 # (ridge points are ~100-300 tokens), so they identify the weight-streaming parameters alone.
 MEMORY_BOUND_MAX_TOKENS = 8
+# The GEMM parameters: per GPU (weight streaming; tensor-core efficiency and memory/compute
+# overlap) and shared by every GPU fitted together (they describe the kernels' tiles).
+GEMM_MEMORY = ("gemm_overhead_s", "gemm_bandwidth_eff")
+GEMM_PER_GPU = ("gemm_compute_eff", "gemm_overlap_exp")
+GEMM_SHARED = ("gemm_feed_flop_per_byte", "gemm_tile_setup_k")
+FEED_RANGE = (1e-3, 1e3)  # flop-equivalents per operand byte: 0 (free) .. far beyond any SM
+SETUP_K_RANGE = (1e-1, 1e4)  # K-elements of per-tile prologue/epilogue: ~0 .. longer than any K here
+
+
+def _gemm_param(name: str, start: float) -> Param:
+    """A GEMM parameter with its physical range; `name` may carry a "<gpu>:" prefix."""
+    kind = name.rpartition(":")[2]
+    if kind == "gemm_overlap_exp":
+        return Param(name, start, *OVERLAP_EXP_RANGE, log=False)
+    if kind == "gemm_feed_flop_per_byte":
+        return Param(name, start, *FEED_RANGE)
+    if kind == "gemm_tile_setup_k":
+        return Param(name, start, *SETUP_K_RANGE)
+    return _overhead(name, start) if kind.endswith("_s") else _eff(name, start)
+
+
+GEMM_STARTS = {"gemm_overhead_s": 3e-6, "gemm_bandwidth_eff": 0.8, "gemm_compute_eff": 0.8,
+               "gemm_overlap_exp": 2.0, "gemm_feed_flop_per_byte": 8.0, "gemm_tile_setup_k": 50.0}
+
+
+@dataclass(frozen=True)
+class GemmData:
+    """One GPU's GEMM rows for the fit: the parameter-free tile geometry of all rows and of the
+    bandwidth-bound ones (T <= MEMORY_BOUND_MAX_TOKENS), and log(measured)."""
+
+    gpu: GpuSpec
+    base: CostParams
+    geometry: GemmGeometry
+    small: GemmGeometry
+    log_y: np.ndarray
+    log_y_small: np.ndarray
+
+    @classmethod
+    def of(cls, models: list[ModelTimings], gpu: GpuSpec, base: CostParams) -> GemmData:
+        t, k, n, y = _gemm_rows(models)
+        chip = Chip.of(gpu)
+        keep = t <= MEMORY_BOUND_MAX_TOKENS
+        return cls(gpu, base, GemmGeometry(t, k, n, 2.0, chip),
+                   GemmGeometry(t[keep], k[keep], n[keep], 2.0, chip), np.log(y), np.log(y[keep]))
+
+
+def _fit_memory(data: GemmData, compute: CostParams, objective: Objective) -> Solution | None:
+    """Stage 1: gemm_overhead_s and gemm_bandwidth_eff on the bandwidth-bound rows, through the
+    full tile model with the compute parameters of `compute` (their share of these rows' time
+    is small, padded skinny tiles, but counting it keeps the weight streaming unbiased).
+    None with fewer than 3 such rows."""
+    if data.log_y_small.size < 3:
+        return None
+
+    def residual(v: np.ndarray) -> np.ndarray:
+        p = replace(compute, gemm_overhead_s=float(v[0]), gemm_bandwidth_eff=float(v[1]))
+        return np.log(data.small.time(p)) - data.log_y_small
+
+    return solve(residual, [_gemm_param(n, GEMM_STARTS[n]) for n in GEMM_MEMORY], objective)
+
+
+@dataclass(frozen=True)
+class GemmFit:
+    """The GEMM fit of one or more GPUs: each GPU's parameters (rounded, `round_sig`) with
+    their stats, and which parameters were shared."""
+
+    params: dict[str, CostParams]  # by GPU name
+    stats: dict[str, dict[str, ParamStat]]
+    shared: tuple[str, ...]  # parameter names fitted jointly (empty: held at the base's values)
+    solution: dict[str, float]  # step 2's unrounded values ("<gpu>:<param>", shared ones bare)
+
+
+GEMM_ROUNDS = 2  # stage 1 then 2, twice: round 2's stage 1 sees round 1's compute parameters
+
+
+def fit_gemm_joint(data: list[GemmData], objective: Objective = LEAST_SQUARES,
+                   fit_shared: bool = True, start: dict[str, float] | None = None) -> GemmFit:
+    """Fit the GEMM tile model on log(predicted / measured) over one or more GPUs. Steps:
+    1. per GPU, on its bandwidth-bound rows (T <= MEMORY_BOUND_MAX_TOKENS): gemm_overhead_s and
+       gemm_bandwidth_eff, the achieved weight-streaming rate, with the compute parameters at
+       their current values (`_fit_memory`);
+    2. all rows of all GPUs together, with those fixed (unrounded): gemm_compute_eff and
+       gemm_overlap_exp per GPU, and (fit_shared) gemm_feed_flop_per_byte and gemm_tile_setup_k
+       shared by all of them; without fit_shared those two keep each GPU's base values;
+    3. once more (GEMM_ROUNDS): step 1 with step 2's compute parameters, step 2 from its last
+       solution, so the weight streaming is not biased by the starting compute values (a fit
+       of the model's own output recovers its parameters);
+    (a GPU with fewer than 3 bandwidth-bound rows fits its stage-1 parameters in step 2).
+    The standard errors of step 2 are conditional on step 1's values. `start` (a previous fit's
+    `solution`) starts step 2 there instead of at GEMM_STARTS: the held-out refits, which move
+    little, converge in a fraction of the evaluations (deterministic either way)."""
+    shared = GEMM_SHARED if fit_shared else ()
+    compute = {d.gpu.name: replace(d.base, **{p: GEMM_STARTS[p] for p in GEMM_PER_GPU}) for d in data}
+    values: dict[str, float] = dict(start or {})
+    for _ in range(GEMM_ROUNDS):
+        # 1. weight streaming, per GPU
+        fixed: dict[str, dict[str, float]] = {}
+        stats: dict[str, dict[str, ParamStat]] = {}
+        free: list[tuple[str | None, str]] = []  # (GPU name or None for shared, parameter)
+        for d in data:
+            name = d.gpu.name
+            mem = _fit_memory(d, compute[name], objective)
+            if mem is None:
+                fixed[name], stats[name] = {}, {}
+                free += [(name, p) for p in GEMM_MEMORY]
+            else:
+                fixed[name], stats[name] = dict(mem.values), dict(mem.stats)
+            free += [(name, p) for p in GEMM_PER_GPU]
+        free += [(None, p) for p in shared]
+        # fixed starting points (not the profile's current values), so a refit reproduces the profile
+        params = [_gemm_param(p if g is None else f"{g}:{p}", GEMM_STARTS[p]) for g, p in free]
+        params = [replace(q, start=min(max(values.get(q.name, q.start), q.lower), q.upper)) for q in params]
+
+        def values_of(v: np.ndarray, free=free, fixed=fixed) -> dict[str, CostParams]:
+            out = {}
+            for d in data:
+                own = {p: float(x) for (g, p), x in zip(free, v) if g in (d.gpu.name, None)}
+                out[d.gpu.name] = replace(d.base, **fixed[d.gpu.name], **own)
+            return out
+
+        # 2. tensor-core efficiency and overlap per GPU, the kernels' tile costs shared
+        def residual(v: np.ndarray, values_of=values_of) -> np.ndarray:
+            ps = values_of(v)
+            return np.concatenate([np.log(d.geometry.time(ps[d.gpu.name])) - d.log_y for d in data])
+
+        sol = solve(residual, params, objective)
+        values = dict(sol.values)
+        compute = values_of(np.array([sol.values[q.name] for q in params]))
+    final, out_stats = {}, {}
+    for d in data:
+        name = d.gpu.name
+        own = {p: sol.values[p if g is None else f"{g}:{p}"] for g, p in free if g in (name, None)}
+        rounded = {k: round_sig(v) for k, v in {**fixed[name], **own}.items()}
+        final[name] = replace(d.base, **rounded)
+        out_stats[name] = {**stats[name], **{p: sol.stats[p if g is None else f"{g}:{p}"]
+                                             for g, p in free if g in (name, None)}}
+    return GemmFit(final, out_stats, shared, values)
 
 
 def fit_gemm(models: list[ModelTimings], gpu: GpuSpec, base: CostParams,
              objective: Objective = LEAST_SQUARES) -> FittedParams:
-    """Fit the GEMM soft roofline on log(predicted / measured). Steps:
-    1. bandwidth-bound rows (T <= MEMORY_BOUND_MAX_TOKENS): gemm_overhead_s and
-       gemm_bandwidth_eff of t = o + bytes / (bw * eff), the achieved weight-streaming rate;
-    2. all rows, with those two fixed (unrounded): gemm_compute_eff and gemm_overlap_exp;
-    (with fewer than 3 bandwidth-bound rows, all four are fitted together on all rows).
-    The standard errors of step 2 are conditional on step 1's values."""
-    t, k, n, y = _gemm_rows(models)
-    peak, bw = gpu.peak_flops(2), gpu.hbm_bandwidth_gbps * 1e9
-    log_y = np.log(y)
-    memory = [_overhead("gemm_overhead_s", 3e-6), _eff("gemm_bandwidth_eff", 0.8)]
-    compute = [_eff("gemm_compute_eff", 0.7), Param("gemm_overlap_exp", 1.5, *OVERLAP_EXP_RANGE, log=False)]
-    small = t <= MEMORY_BOUND_MAX_TOKENS
-    out = FittedParams(base)
-    fixed: dict[str, float] = {}
-    if int(small.sum()) >= 3:
-        # 1. weight streaming, on the bandwidth-bound rows
-        nbytes = (k * n + t * (k + n))[small] * 2.0
-
-        def residual_mem(v: np.ndarray) -> np.ndarray:
-            return np.log(v[0] + nbytes / (bw * v[1])) - log_y[small]
-
-        mem = solve(residual_mem, memory, objective)
-        fixed, free = mem.values, compute
-        out = FittedParams(base, mem.stats)
-    else:
-        free = compute + memory
-    names = [p.name for p in free]
-
-    # 2. compute efficiency and overlap, on all rows
-    def residual(v: np.ndarray) -> np.ndarray:
-        p = replace(base, **fixed, **dict(zip(names, v.tolist())))
-        return np.log(gemm_time(t, k, n, 2.0, peak, bw, p)) - log_y
-
-    sol = solve(residual, free, objective)
-    return out.with_solution(Solution({**fixed, **sol.values}, sol.stats, sol.cost))
+    """One GPU's GEMM fit with the shared tile costs held at the base's values (see
+    `fit_gemm_joint`)."""
+    fit = fit_gemm_joint([GemmData.of(models, gpu, base)], objective, fit_shared=False)
+    return FittedParams(fit.params[gpu.name], fit.stats[gpu.name])
 
 
 def fit_elementwise(models: list[ModelTimings], gpu: GpuSpec, base: CostParams,
@@ -194,10 +301,33 @@ def fit_attention(frames: list[pd.DataFrame], gpu: GpuSpec, base: FittedParams,
 
 def fit_compute(models: list[ModelTimings], gpu: GpuSpec, base: CostParams,
                 objective: Objective = LEAST_SQUARES) -> FittedParams:
-    """GEMM, then element-wise parameters (they share no parameter, so the order is immaterial)."""
+    """GEMM (shared tile costs held at the base's values), then element-wise parameters (they
+    share no parameter, so the order is immaterial)."""
     gemm = fit_gemm(models, gpu, base, objective)
     elementwise = fit_elementwise(models, gpu, gemm.params, objective)
     return FittedParams(elementwise.params, {**gemm.stats, **elementwise.stats})
+
+
+@dataclass(frozen=True)
+class JointFit:
+    """`fit_compute_joint`'s result: each GPU's compute parameters and the GEMM step-2 solution."""
+
+    by_gpu: dict[str, FittedParams]
+    solution: dict[str, float]
+
+
+def fit_compute_joint(folders: list[tuple[list[ModelTimings], GpuSpec, CostParams]],
+                      objective: Objective = LEAST_SQUARES,
+                      start: dict[str, float] | None = None) -> JointFit:
+    """GEMMs of every GPU together (`fit_gemm_joint`, shared tile costs fitted when there is more
+    than one GPU), then each GPU's element-wise parameters."""
+    data = [GemmData.of(models, gpu, base) for models, gpu, base in folders]
+    gemm = fit_gemm_joint(data, objective, fit_shared=len(data) > 1, start=start)
+    out = {}
+    for models, gpu, _ in folders:
+        ew = fit_elementwise(models, gpu, gemm.params[gpu.name], objective)
+        out[gpu.name] = FittedParams(ew.params, {**gemm.stats[gpu.name], **ew.stats})
+    return JointFit(out, gemm.solution)
 
 
 # --- network ----------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""What a calibration shows a person: the parity plot (predicted vs measured, one panel per GPU)
-and the table of fitted parameters with their standard errors and t-intervals.
+"""What a calibration shows a person: the parity plot (predicted vs measured, one panel per GPU),
+the residual-by-token-count plot of the held-out predictions, and the table of fitted
+parameters with their standard errors and t-intervals.
 
 matplotlib is imported inside the plot function, so importing this module stays cheap.
 """
@@ -13,7 +14,7 @@ from rich.table import Table
 
 from simulator.calibration.data import ALL_OPS
 from simulator.calibration.gpu_fit import GpuFit
-from simulator.calibration.score import predict_layer_sum, predict_ops
+from simulator.calibration.score import TOKEN_BANDS, Residuals, predict_layer_sum, predict_ops
 from simulator.calibration.solve import t_interval
 
 
@@ -80,3 +81,41 @@ def params_table(fit: GpuFit, level: float = 0.95) -> Table:
             cells = (f"{stat.std_error * scale:.2g}", f"{lo * scale:.4g} .. {hi * scale:.4g}")
         table.add_row(shown, f"{value * scale:.4g}", *cells)
     return table
+
+
+def residual_plot(panels: list[tuple[str, Residuals]], path: Path, title: str) -> Path:
+    """Relative error of the per-layer op sum against token count, one panel per (label,
+    residuals): every row as a dot, each TOKEN_BANDS band's mean as a step line, +-10 % dotted.
+    Structure left in the errors (a band off on average, steps the form misses) shows here."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.6 * len(panels)), squeeze=False, sharex=True)
+    for ax, (name, res) in zip(axes[:, 0], panels):
+        tps = sorted(set(res.tp.tolist()))
+        for tp in tps:
+            sel = res.tp == tp
+            ax.scatter(res.tokens[sel], 100 * res.ratio[sel], s=2, alpha=0.3, label=f"tp {int(tp)}")
+        for band in TOKEN_BANDS:
+            lo, hi = band
+            sel = (res.tokens >= lo) & (res.tokens <= (hi if hi is not None else np.inf))
+            if sel.any():
+                right = hi if hi is not None else res.tokens.max()
+                mean = 100 * res.ratio[sel].mean()
+                ax.plot([lo, max(right, lo * 1.2)], [mean, mean], "k-", lw=1.6)
+        for y in (-10, 10):
+            ax.axhline(y, color="k", ls=":", lw=0.7)
+        ax.axhline(0, color="k", lw=0.5)
+        stats = res.stats()
+        ax.set(xscale="log", ylim=(-40, 40), ylabel="pred/meas - 1 (%)",
+               title=f"{name}: mean |err| {stats.mape_pct:.1f}%, p95 {stats.p95_pct:.1f}%, rows {stats.rows}")
+        ax.title.set_fontsize(9)
+        ax.legend(fontsize=6, markerscale=3, loc="lower left", ncol=len(tps))
+    axes[-1, 0].set_xlabel("tokens in the step (T)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=72)
+    plt.close(fig)
+    return path

@@ -15,7 +15,7 @@ import yaml
 
 from simulator import __version__
 from simulator.calibration.data import STAT
-from simulator.calibration.fit import round_sig
+from simulator.calibration.fit import GEMM_SHARED, round_sig
 from simulator.calibration.gpu_fit import GpuFit, label
 from simulator.calibration.score import ErrorStats
 from simulator.calibration.transfer import nearest_donor, spec_distance
@@ -29,12 +29,14 @@ def _r(x: float) -> float:
     return round(x, 2)
 
 
-ASSUMED = ("iteration_overhead_s (scheduler, sampler, input preparation: not in kernel data)",)
+ASSUMED = ("per-step host overhead, kernel launches, CUDA graphs and the sampler: costmodel.StepOverhead, "
+           "not in the kernel data (constants and their sources in its docstring and docs/costmodel.md)",)
 
 
 def standard_errors(fit: GpuFit) -> dict[str, Any]:
     """Each fitted parameter's standard error (2 significant digits) and, separately, those that sit
-    on a bound of their physical range (no standard error)."""
+    on a bound of their physical range (no standard error). Shared parameters carry the joint
+    fit's standard error (the same on every GPU that shared them)."""
     order = list(fit.params.as_dict())
     stats = sorted(fit.stats.items(), key=lambda kv: order.index(kv[0]))
     out: dict[str, Any] = {
@@ -65,6 +67,9 @@ def measured_section(fit: GpuFit, fit_date: str) -> dict[str, Any]:
         "statistic": f"{STAT} of repeated timings (ms -> s), fp16",
         "fit": f"scipy.optimize.least_squares (trf, {fit.objective.describe()}) on log(predicted/measured), "
                "parameters bounded by their physical ranges, all models together",
+        "shared": (f"{', '.join(GEMM_SHARED)} fitted jointly on the GEMMs of {', '.join(fit.shared_with)}"
+                   if fit.shared_with else f"{', '.join(GEMM_SHARED)} held at the profile's values "
+                                           f"(fitted jointly on every measured GPU by a full run)"),
         "standard_errors": standard_errors(fit),
         "fit_date": fit_date,
         "fitted_by": f"kvsim calibrate (kvsim {__version__})",
@@ -81,6 +86,16 @@ def measured_section(fit: GpuFit, fit_date: str) -> dict[str, Any]:
     }
     if fit.lomo:
         error["leave_one_model_out_mape_pct"] = {k: _r(v.mape_pct) for k, v in fit.lomo.items()}
+    if fit.lomo_residuals is not None:
+        pooled = fit.lomo_residuals.stats()
+        error["leave_one_model_out_pooled_pct"] = {"mean": _r(pooled.mape_pct), "p95": _r(pooled.p95_pct),
+                                                   "max": _r(pooled.max_pct)}
+        error["leave_one_model_out_bias_by_tokens_pct"] = {
+            k: _r(v.bias_pct) for k, v in fit.lomo_residuals.by_band().items()}
+    if fit.logo is not None:
+        logo = fit.logo.stats()
+        error["leave_one_gpu_out_pct"] = {"mean": _r(logo.mape_pct), "p95": _r(logo.p95_pct),
+                                          "max": _r(logo.max_pct)}
     if fit.network and fit.network.mape_pct:
         error["allreduce_mape_pct_by_workers"] = {k: _r(v) for k, v in fit.network.mape_pct.items()}
     return {"status": "measured", "params": fit.params.as_dict(), "provenance": provenance, "error": error}
@@ -89,13 +104,15 @@ def measured_section(fit: GpuFit, fit_date: str) -> dict[str, Any]:
 def extrapolated_section(target: GpuSpec, fits: list[GpuFit], fit_date: str,
                          transfers: dict[tuple[str, str], ErrorStats]) -> dict[str, Any]:
     """The `calibration:` mapping for a GPU without measurements. Steps:
-    1. compute parameters (GEMM, element-wise, attention, iteration overhead) from the nearest
-       measured GPU in spec space (`nearest_donor`), unchanged: they are fractions of the
-       datasheet figures, so they scale with this GPU's peak FLOP/s and bandwidth;
+    1. compute parameters (GEMM, element-wise, attention) from the nearest measured GPU in spec
+       space (`transfer_params`), unchanged: they are fractions of the datasheet figures, so
+       they scale with this GPU's peak FLOP/s, bandwidth and SM count (the GEMM tile costs are
+       shared by every measured GPU anyway);
     2. all-reduce parameters from the nearest measured GPU whose all-reduce was *measured*
        (not derived from send_recv), applied to this GPU's link (its host link when it has no
        GPU link: no PCIe-only all-reduce was measured, so that case is the least certain);
-    3. provenance, and the donor's transfer check on the other measured GPUs as an error estimate."""
+    3. provenance, and as error estimates the leave-one-GPU-out figures (each measured GPU
+       predicted from the others' fit by this same transfer) and the donor's in-sample check."""
     donor = next(f for f in fits if f.gpu.name == nearest_donor(target, [f.gpu for f in fits]).name)
     params = donor.params
     measured_net = [f for f in fits if f.network and f.network.source == "all_reduce"]
@@ -114,7 +131,8 @@ def extrapolated_section(target: GpuSpec, fits: list[GpuFit], fit_date: str,
         "provenance": {
             "method": "no kernel measurements for this GPU: the donor's fitted efficiencies (fractions of "
                       "datasheet peak FLOP/s, memory and link bandwidth) and overheads applied to this "
-                      "GPU's datasheet figures; donor = nearest measured GPU in (log peak bf16 FLOP/s, "
+                      "GPU's datasheet figures and SM count; donor = nearest measured GPU in (log peak "
+                      "bf16 FLOP/s, "
                       f"log memory bandwidth), distance {spec_distance(target, donor.gpu):.2f}",
             "dataset": donor.dataset,
             "data": donor.data_label,
@@ -123,10 +141,17 @@ def extrapolated_section(target: GpuSpec, fits: list[GpuFit], fit_date: str,
             "fitted_by": f"kvsim calibrate (kvsim {__version__})",
         },
     }
+    logo = {f.gpu.name: _r(f.logo.stats().mape_pct) for f in fits if f.logo is not None}
+    error: dict[str, Any] = {}
+    if logo:
+        error["leave_one_gpu_out_mape_pct"] = logo
     if checks:
-        section["error"] = {"transfer_check_layer_sum_mape_pct": checks,
-                            "note": "error of this donor's parameters on the other measured GPUs "
-                                    "(their own specs): an estimate of extrapolation error"}
+        error["transfer_check_layer_sum_mape_pct"] = checks
+    if error:
+        error["note"] = ("leave_one_gpu_out: each measured GPU predicted by this transfer from a fit on the "
+                         "others (held out); transfer_check: this donor's parameters on the other measured "
+                         "GPUs' specs (in sample through the shared tile costs)")
+        section["error"] = error
     return section
 
 

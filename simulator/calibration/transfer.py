@@ -1,18 +1,29 @@
 """Transfer to GPUs without measurements: the nearest measured GPU in spec space is the donor of
-its fitted efficiencies and overheads, and each measured GPU's parameters applied to another
-measured GPU's specs give the measured price of that extrapolation.
+its fitted per-GPU efficiencies and overheads (the GEMM tile costs are shared by every measured
+GPU already), and each measured GPU's parameters applied to another measured GPU's specs give
+the measured price of that extrapolation. Leave-one-GPU-out (score.py) runs the same transfer.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import numpy as np
 
-from simulator.calibration.gpu_fit import GpuFit
+from simulator.calibration.data import ModelTimings
 from simulator.calibration.score import ErrorStats, ape, predict_layer_sum
+from simulator.engine.costmodel import CostParams
 from simulator.errors import ConfigError
 from simulator.hardware.gpus import GpuSpec, get_gpu, gpu_names
+
+
+class Fitted(Protocol):
+    """What a transfer needs of a fitted GPU (calibration.gpu_fit.GpuFit has it)."""
+
+    gpu: GpuSpec
+    params: CostParams
+    models: list[ModelTimings]
 
 
 def spec_distance(a: GpuSpec, b: GpuSpec) -> float:
@@ -27,9 +38,17 @@ def nearest_donor(target: GpuSpec, measured: list[GpuSpec]) -> GpuSpec:
     return min(measured, key=lambda g: (spec_distance(target, g), g.name))
 
 
-def transfer_errors(fits: list[GpuFit]) -> dict[tuple[str, str], ErrorStats]:
+def transfer_params(target: GpuSpec, fitted: dict[str, CostParams]) -> CostParams:
+    """The parameters an unmeasured GPU gets: its nearest fitted GPU's (fractions of datasheet
+    figures, so times scale with the target's own peak, bandwidth and SM count)."""
+    donor = nearest_donor(target, [get_gpu(name) for name in fitted])
+    return fitted[donor.name]
+
+
+def transfer_errors(fits: list[Fitted]) -> dict[tuple[str, str], ErrorStats]:
     """(donor, other) -> error of the donor's parameters applied to the other measured GPU's specs:
-    the measured price of extrapolating across GPUs."""
+    the measured price of extrapolating across GPUs (in sample: the donor's fit saw the other's
+    GEMMs through the shared tile costs; leave-one-GPU-out is the held-out figure)."""
     out = {}
     for donor in fits:
         for other in fits:
@@ -38,7 +57,6 @@ def transfer_errors(fits: list[GpuFit]) -> dict[tuple[str, str], ErrorStats]:
             apes = [ape(predict_layer_sum(m, other.gpu, donor.params), m.layer_sum()) for m in other.models]
             out[(donor.gpu.name, other.gpu.name)] = ErrorStats.of(np.concatenate(apes))
     return out
-
 
 
 def catalogue_gpus() -> list[GpuSpec]:

@@ -19,16 +19,21 @@ from simulator.errors import ConfigError
 
 if TYPE_CHECKING:
     from simulator.calibration.gpu_fit import GpuFit
+    from simulator.calibration.score import ErrorStats, Residuals
 
 DESCRIPTION = """Fit the cost model of one or more GPUs to measured kernel timings (Vidur's
 profiling layout: compute/<gpu>/<org>/<model>/mlp.csv, attention.csv, network/...). Prints
-the error per operator and a leave-one-model-out check, draws a parity plot, and writes
-the `calibration:` section of gpu_profiles/<gpu>.yaml. Without --gpu every GPU folder is
-fitted, and every catalogue GPU without measurements gets parameters transferred from its
-nearest measured GPU (marked `status: extrapolated`)."""
+the error per operator, the leave-one-model-out and leave-one-GPU-out checks (per model and
+per token range), draws a parity plot and a residual-by-token-count plot, and writes the
+`calibration:` section of gpu_profiles/<gpu>.yaml. Without --gpu every GPU folder is fitted
+together (the GEMM tile costs are shared by all GPUs), and every catalogue GPU without
+measurements gets parameters transferred from its nearest measured GPU (marked `status:
+extrapolated`). --holdout MODEL|GPU reruns one held-out check and prints its table."""
 
 EPILOG = """examples:
   kvsim calibrate --profiles ../shared/data/kernels --dry-run
+  kvsim calibrate --profiles ../shared/data/kernels --holdout h100-sxm
+  kvsim calibrate --profiles ../shared/data/kernels --holdout Llama-2-7b-hf
   kvsim calibrate --profiles profiles --gpu h200 --fit-date 2025-01-31"""
 
 
@@ -48,7 +53,12 @@ def register(sub, help: str) -> None:
                    help="directory of the GPU profile YAMLs to update (default: the package's gpu_profiles/)")
     p.add_argument("--report-dir", default="runs/calibrate", metavar="DIR",
                    help="where the parity plot goes (default runs/calibrate)")
-    p.add_argument("--no-lomo", action="store_true", help="skip the leave-one-model-out refits")
+    p.add_argument("--no-lomo", action="store_true",
+                   help="skip the leave-one-model-out and leave-one-GPU-out refits")
+    p.add_argument("--holdout", metavar="MODEL|GPU",
+                   help="only validate: fit without this model (on every GPU that has it) or without "
+                        "this GPU (predicted from the others through its datasheet), print the held-out "
+                        "table per model and token range, write the residual plot; writes no profile")
     p.add_argument("--dry-run", action="store_true", help="fit and report, write no YAML")
     p.set_defaults(func=main)
 
@@ -74,20 +84,39 @@ def print_op_table(console, fits: list[GpuFit]) -> None:
     console.print(table)
 
 
-def print_lomo_table(console, fits: list[GpuFit]) -> None:
+def _error_table(title: str, rows: dict[str, ErrorStats], first: str, bias: bool = False):
     from rich.table import Table
 
+    table = Table(title=title, title_justify="left")
+    cols = [first, "rows", *(["bias %"] if bias else []), "mean %", "p95 %", "max %"]
+    for col in cols:
+        table.add_column(col, justify="left" if col == first else "right")
+    for name, e in rows.items():
+        table.add_row(name, str(e.rows), *([f"{e.bias_pct:+.1f}"] if bias else []), _pct(e.mape_pct),
+                      _pct(e.p95_pct), _pct(e.max_pct))
+    return table
+
+
+def print_heldout(console, what: str, gpu: str, res: Residuals) -> None:
+    """One held-out check: per model (with the pooled row) and per token range."""
+    by_model = {**res.by_model(), "all rows": res.stats()}
+    console.print(_error_table(f"{gpu}: {what}, per-layer op sum, per held-out model", by_model, "model"))
+    console.print(_error_table(f"{gpu}: {what}, by tokens in the step", res.by_band(), "tokens", bias=True))
+
+
+def print_lomo_table(console, fits: list[GpuFit]) -> None:
     for f in fits:
-        if not f.lomo:
+        if f.lomo_residuals is None:
             console.print(f"{f.gpu.name}: one model only, no leave-one-model-out check", highlight=False)
             continue
-        table = Table(title=f"{f.gpu.name}: leave-one-model-out error of the per-layer op sum "
-                            f"(fit on the other {len(f.models) - 1} model(s))", title_justify="left")
-        for col in ("held-out model", "rows", "MAPE %", "p95 %", "max %"):
-            table.add_column(col, justify="left" if col == "held-out model" else "right")
-        for name, e in f.lomo.items():
-            table.add_row(name, str(e.rows), _pct(e.mape_pct), _pct(e.p95_pct), _pct(e.max_pct))
-        console.print(table)
+        what = (f"leave-one-model-out (fit on the other {len(f.models) - 1} model(s)"
+                + (" and the other GPUs' GEMMs)" if f.shared_with else ")"))
+        print_heldout(console, what, f.gpu.name, f.lomo_residuals)
+    for f in fits:
+        if f.logo is not None:
+            others = ", ".join(g for g in f.shared_with if g != f.gpu.name)
+            print_heldout(console, f"leave-one-GPU-out (fit on {others}, transferred through the datasheet)",
+                          f.gpu.name, f.logo)
 
 
 def print_network(console, fits: list[GpuFit]) -> None:
@@ -106,8 +135,8 @@ def main(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from simulator.calibration.data import gpu_folders
-    from simulator.calibration.gpu_fit import fit_gpu
-    from simulator.calibration.report import params_table, parity_plot
+    from simulator.calibration.gpu_fit import fit_gpus, run_holdout
+    from simulator.calibration.report import params_table, parity_plot, residual_plot
     from simulator.calibration.sections import (
         extrapolated_section,
         measured_section,
@@ -135,8 +164,17 @@ def main(args: argparse.Namespace) -> int:
     console = make_console()
     names = [args.gpu] if args.gpu else gpu_folders(profiles)
     target = get_gpu(args.target) if args.target else None
-    # 1. fit every GPU first: nothing is written unless all fits succeed
-    fits = [fit_gpu(profiles, name, target=target, lomo=not args.no_lomo) for name in names]
+    if args.holdout:
+        if args.target:
+            raise ConfigError("--holdout validates the catalogue GPUs' fit; it takes no --target")
+        what, held = run_holdout(profiles, names, args.holdout)
+        for gpu, res in held.items():
+            print_heldout(console, what, gpu, res)
+        plot = residual_plot(list(held.items()), Path(args.report_dir) / "holdout_residuals.png", what)
+        console.print(f"residual plot: {plot}; no profile written", highlight=False)
+        return 0
+    # 1. fit every GPU first (together: shared tile costs): nothing is written unless all fits succeed
+    fits = fit_gpus(profiles, names, target=target, lomo=not args.no_lomo, logo=not args.no_lomo)
     print_op_table(console, fits)
     print_lomo_table(console, fits)
     print_network(console, fits)
@@ -153,6 +191,12 @@ def main(args: argparse.Namespace) -> int:
         console.print(table)
     plot = parity_plot(fits, Path(args.report_dir) / "parity.png")
     console.print(f"parity plot: {plot}", highlight=False)
+    panels = [(f"{f.gpu.name} leave-one-model-out", f.lomo_residuals) for f in fits if f.lomo_residuals]
+    panels += [(f"{f.gpu.name} leave-one-GPU-out", f.logo) for f in fits if f.logo is not None]
+    if panels:
+        plot = residual_plot(panels, Path(args.report_dir) / "residuals.png",
+                             "held-out error of the per-layer op sum by token count")
+        console.print(f"residual plot: {plot}", highlight=False)
     # 2. sections: measured GPUs, then (full runs only) the rest of the catalogue, extrapolated
     sections = [(f.gpu, measured_section(f, fit_date)) for f in fits]
     if not args.gpu:

@@ -1,23 +1,38 @@
 """Cost model: seconds for one engine iteration, a pure function of the batch composition.
 
-A batch is summarised by four numbers (`StepShape`), enough for every term below:
+A batch is summarised by `StepShape`. The first four numbers drive the GPU time:
 - num_tokens   T = sum of tokens scheduled this step (prefill chunks + decodes)
 - num_sampled  S = requests that sample a token this step (decodes + last prefill chunks)
 - attn_pairs   P = sum over requests of n*c + n*(n+1)/2 (query-key pairs under the causal
                    mask, for n new tokens after c cached/computed ones; a decode has n=1)
 - kv_tokens    K = sum over requests of c + n (KV entries attention reads)
+and two more the per-step overhead uses (defaults = "not given", see item 6):
+- num_seqs            requests scheduled this step (0: not given -> max(S, 1))
+- num_prefill_tokens  tokens of requests that are not a one-token decode (-1: not given ->
+                      the step counts as decode-only when T == S)
 
 Per layer, per tensor-parallel shard. The operator names are those of the measured kernel data
 (Vidur profiling layout, ../shared/data/kernels), so calibration compares like with like:
-1. GEMMs attn_pre_proj (QKV), attn_post_proj (O), mlp_up_proj (gate+up), mlp_down_proj, each a
-   *soft roofline* over T rows of a K x N weight:
-       m = (K*N + T*(K+N)) * dtype_bytes / (bandwidth * gemm_bandwidth_eff)   weights + activations
-       c = 2*T*K*N / (peak_flops * gemm_compute_eff)                          tensor-core FLOPs
-       t = gemm_overhead_s + (m**p + c**p) ** (1/p),   p = gemm_overlap_exp >= 1
-   p -> inf is the plain roofline max(m, c); p = 1 is no overlap of memory and compute. The
-   achieved efficiency therefore saturates in T: flat (bandwidth-bound) while T is far below the
-   ridge point, approaching gemm_compute_eff far above it. MoE: the same GEMMs over the experts
-   the T tokens are expected to touch.
+1. GEMMs attn_pre_proj (QKV), attn_post_proj (O), mlp_up_proj (gate+up), mlp_down_proj: a
+   *tile model* of how a GEMM library runs T x K @ K x N on a GPU with `num_sms` SMs. For each
+   candidate CTA tile (bm rows of T, bn columns of N, split-K s) in GEMM_TILES:
+       tiles = ceil(T/bm) * ceil(N/bn) * s,   waves = ceil(tiles / num_sms)
+       tile  = (K/s + k0) * (2*bm*bn / gemm_compute_eff + (bm+bn)*dtype_bytes * r) / (peak / num_sms)
+       c     = waves * tile                                  wave-quantised compute
+       m     = ((K*N + T*(K+N)) * dtype_bytes [+ 2*s*T*N*4, split-K's fp32 partial sums])
+               / (bw * gemm_bandwidth_eff)
+       t     = gemm_overhead_s + (m**p + c**p) ** (1/p),   p = gemm_overlap_exp >= 1
+   and the library runs the fastest candidate (min over tiles). A wave is padded to whole tiles
+   and a partial last wave takes a full tile time, so the time steps where T crosses a multiple
+   of bm and where the tile count crosses a multiple of num_sms, as the kernel data does. The
+   tile term has two costs per k-step: tensor-core work at gemm_compute_eff of the SM's share
+   of peak, and feeding the tile's (bm+bn) operand elements through shared memory, r =
+   gemm_feed_flop_per_byte flop-equivalents per byte (small tiles re-read operands more per
+   flop, so they run below peak); k0 = gemm_tile_setup_k is each tile's prologue and epilogue
+   (pipeline fill, output store) in K-elements. r and k0 describe the kernels, not the GPU: one
+   value is fitted jointly on every measured GPU. The soft-roofline exponent p (1: memory and
+   compute do not overlap, large: max(m, c)) and the efficiencies are per GPU. MoE: the same
+   GEMMs over the experts the T tokens are expected to touch.
 2. Element-wise ops (input_layernorm, post_attention_layernorm, attn_rope, mlp_act, add; emb once
    per step): memory-bound, t = <kind>_overhead_s + T * bytes_per_token / (bandwidth * <kind>_bandwidth_eff),
    bytes per token counted per op in `ShardDims.elementwise_elems` (reads + writes).
@@ -30,27 +45,41 @@ Per layer, per tensor-parallel shard. The operator names are those of the measur
    is the fitted GEMM weight-streaming efficiency (a decode reads the KV cache the way a skinny
    GEMM reads its weights), and attn_compute_eff = ATTN_TO_GEMM_COMPUTE * gemm_compute_eff:
    FlashAttention-2 reports 50-73 % of A100 peak in the forward pass (Dao 2023, abstract),
-   mid-point ~0.62, against ~0.74 fitted here for A100 GEMMs -> ratio ~0.85.
+   mid-point ~0.62, against ~0.74 fitted for A100 GEMMs by the soft roofline -> ratio ~0.85.
 4. Tensor parallelism: two ring all-reduces of T*hidden activations per layer (after the O and
    down projections) plus one after the vocab-parallel embedding, each
        latency + 2 (tp-1)/tp * bytes / (link_bandwidth * allreduce_bus_eff),
    link = the GPU link (NVLink...) or, without one, the host link (PCIe). Zero at tp = 1.
-Per step: the embedding (element-wise over T), the LM head GEMM over S rows, and
-iteration_overhead_s (scheduler, sampler, input preparation: not in the kernel data; assumed).
+5. Per step on the GPU: the embedding (element-wise over T), the LM head GEMM over S rows and
+   the sampler over S rows of fp32 logits (`StepOverhead`).
+6. Per step off the GPU (`StepOverhead`, constants and sources in its docstring): host time
+   cpu = cpu_step_s + cpu_per_seq_s * num_seqs + cpu_per_token_s * T (scheduler, input
+   preparation, output processing), and kernel launches. vLLM runs a step of T <= the largest
+   CUDA-graph capture size as a graph, padded to the next capture size (`cudagraph_sizes`): a
+   decode-only step as one full graph (one launch), a mixed step as piecewise graphs with
+   attention launched eagerly between them (num_layers + 1 graph launches + num_layers
+   attention launches); a larger step runs eagerly (every kernel launched from Python: the
+   GPU cannot run ahead of the launches). Then
+       device = max(gpu time at the padded T, launch time)
+       step   = cpu + device                               synchronous scheduling
+       step   = max(cpu, device) + async_exposed_s         async scheduling (vLLM 0.33's default):
+                the host prepares step n+1 while the GPU runs step n.
 
-Invariants: step_time is 0 for T = 0 and non-decreasing in each StepShape field; per-shard
-compute (linear ops and attention) is non-increasing in tp; the per-token tables are built once
-per (model, GPU, tp), so step_time is scalar Python arithmetic on the simulator's hot path.
+Invariants: step_time is 0 for T = 0 and non-decreasing in each of T, S, P, K, num_seqs;
+per-shard compute (linear ops and attention) is non-increasing in tp; the per-token tables are
+built once per (model, GPU, tp), so step_time is scalar Python arithmetic on the simulator's
+hot path; step_times(arrays) equals step_time element-wise.
 
 Parameters come from the GPU profile's `calibration` section (`kvsim calibrate`, see
 docs/costmodel.md): `status: measured` (fitted on kernels measured on this GPU) or
 `status: extrapolated` (efficiencies transferred from the nearest measured GPU through the
-datasheet peak FLOPs, memory and link bandwidth). Without a section the `CostParams` defaults
-apply: assumptions, flagged as uncalibrated in run output.
+datasheet peak FLOPs, memory and link bandwidth and SM count). Without a section the
+`CostParams` defaults apply: assumptions, flagged as uncalibrated in run output.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
@@ -73,21 +102,53 @@ ELEMENTWISE_KIND = {"input_layernorm": "norm", "post_attention_layernorm": "norm
 ELEMENTWISE_KINDS = ("norm", "rope", "act", "add", "emb")
 
 # See the module docstring, item 3: FlashAttention-2 forward 50-73 % of A100 peak (mid ~0.62)
-# over ~0.74 fitted A100 GEMM compute efficiency.
+# over ~0.74 fitted A100 GEMM compute efficiency (soft roofline).
 ATTN_TO_GEMM_COMPUTE = 0.85
+
+# Candidate CTA tiles (bm rows of T, bn columns of N, split-K factor) the GEMM library picks
+# among (module docstring, item 1). The tensor-core GEMM kernels of cuBLAS / CUTLASS use tiles of
+# 64-256 rows and columns (CUTLASS's default sm80/sm90 configurations: 128x256, 256x128,
+# 128x128, 128x64, 64x128, 64x64); skinny 16- and 32-row tiles (the mma.sync m16n8k16 shape)
+# and split-K serve decode-sized T, where one row of tiles would leave most SMs idle.
+GEMM_TILES = ((16, 64, 1), (16, 64, 4), (32, 128, 1),
+              (64, 64, 1), (64, 64, 2), (64, 64, 4), (64, 128, 1), (64, 128, 2), (64, 128, 4),
+              (128, 64, 1), (128, 128, 1), (128, 128, 2), (128, 256, 1), (256, 128, 1))
+SPLIT_K_PARTIAL_BYTES = 4  # split-K partial sums are fp32, written by the GEMM, read by the reduction
 
 
 class StepShape(NamedTuple):
+    """One step's batch, as the scheduler sums it (module docstring). Built positionally in
+    engine/scheduling/scheduler.py; the last two fields are optional (defaults: not given)."""
+
     num_tokens: int
     num_sampled: int
     attn_pairs: float
     kv_tokens: int
+    num_seqs: int = 0  # requests scheduled this step; 0 = not given
+    num_prefill_tokens: int = -1  # tokens of requests that are not a one-token decode; -1 = not given
+
+
+class Chip(NamedTuple):
+    """The datasheet figures the forms use, for one weight dtype."""
+
+    peak_flops: float  # dense tensor FLOP/s
+    bandwidth: float  # memory bytes/s
+    num_sms: int
+
+    @classmethod
+    def of(cls, gpu: GpuSpec, dtype_bytes: int = 2) -> Chip:
+        if gpu.num_sms <= 0:
+            raise ConfigError(f"GPU profile {gpu.source_file or gpu.name}: num_sms missing (the SM "
+                              f"count from the datasheet; the GEMM tile model counts waves of SMs)")
+        return cls(gpu.peak_flops(dtype_bytes), gpu.hbm_bandwidth_gbps * 1e9, gpu.num_sms)
 
 
 @dataclass(frozen=True, slots=True)
 class CostParams:
-    """Per-GPU cost-model parameters. Efficiencies are fractions of the datasheet peak FLOP/s,
-    memory bandwidth or link bandwidth; overheads are seconds per kernel (or per step).
+    """GPU cost-model parameters. Efficiencies are fractions of the datasheet peak FLOP/s,
+    memory bandwidth or link bandwidth; overheads are seconds per kernel. gemm_feed_flop_per_byte
+    and gemm_tile_setup_k describe the GEMM kernels and are shared by every measured GPU
+    (module docstring, item 1). The per-step host overhead is not here: see `StepOverhead`.
 
     The defaults are assumptions for GPUs without a calibration section (reference points: one
     H200 here ran an 8192^3 bf16 GEMM at 790/989 = 0.80 of peak and a device copy at 4.3/4.8 =
@@ -98,6 +159,8 @@ class CostParams:
     gemm_compute_eff: float = 0.70
     gemm_overlap_exp: float = 1.5  # soft-roofline exponent p; a middle value until fitted
     gemm_overhead_s: float = 4e-6  # kernel launch/tail, assumption
+    gemm_feed_flop_per_byte: float = 8.0  # operand-feed cost r per byte a tile loads, shared
+    gemm_tile_setup_k: float = 50.0  # per-tile prologue + epilogue in K-elements, shared
     norm_bandwidth_eff: float = 0.5
     norm_overhead_s: float = 5e-6
     rope_bandwidth_eff: float = 0.5
@@ -113,7 +176,6 @@ class CostParams:
     attn_overhead_s: float = 10e-6  # one attention kernel per layer, assumption
     allreduce_latency_s: float = 20e-6  # per all-reduce, assumption
     allreduce_bus_eff: float = 0.5  # NCCL bus bandwidth / datasheet link bandwidth, assumption
-    iteration_overhead_s: float = 2e-3  # scheduler + sampler + input prep per step, assumption
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -125,6 +187,9 @@ class CostParams:
                 raise ConfigError(f"cost parameter {f.name} must be in (0, 2], got {v!r}")
             if f.name.endswith("_s") and v < 0:
                 raise ConfigError(f"cost parameter {f.name} must be >= 0 seconds, got {v!r}")
+        for name in ("gemm_feed_flop_per_byte", "gemm_tile_setup_k"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"cost parameter {name} must be > 0, got {getattr(self, name)!r}")
         if self.gemm_overlap_exp < 1.0:
             raise ConfigError(f"cost parameter gemm_overlap_exp must be >= 1, got {self.gemm_overlap_exp!r}")
 
@@ -132,6 +197,10 @@ class CostParams:
     def from_dict(cls, values: dict[str, Any], source: str) -> CostParams:
         known = [f.name for f in fields(cls)]
         for key in values:
+            if key == "iteration_overhead_s":
+                raise ConfigError(f"{source}: calibration param 'iteration_overhead_s' is gone: the "
+                                  f"per-step overhead is a model now (costmodel.StepOverhead); delete "
+                                  f"the line or re-run kvsim calibrate")
             if key not in known:
                 raise ConfigError(f"{source}: unknown calibration param {key!r}"
                                   f"{did_you_mean(key, known)}; valid: {', '.join(known)}")
@@ -190,16 +259,55 @@ class ShardDims:
             "emb": 2 * d.hidden}  # gather one row per token, write it
 
 
-def gemm_time(t: Any, k: Any, n: Any, dtype_bytes: float, peak_flops: float, bandwidth: float,
-              p: CostParams) -> np.ndarray:
-    """Soft-roofline seconds for T x K @ K x N (zero when T = 0). See module docstring, item 1."""
-    t = np.asarray(t, dtype=np.float64)
-    mem = (k * n + t * (k + n)) * dtype_bytes / (bandwidth * p.gemm_bandwidth_eff)
-    comp = 2.0 * t * k * n / (peak_flops * p.gemm_compute_eff)
-    e = p.gemm_overlap_exp
-    # (m^e + c^e)^(1/e) computed as m * (1 + (c/m)^e)^(1/e) to stay in range for any e
-    body = mem * (1.0 + (comp / mem) ** e) ** (1.0 / e)
-    return np.where(t > 0, p.gemm_overhead_s + body, 0.0)
+class GemmGeometry:
+    """The parameter-free part of the tile model for T x K @ K x N on a chip (module docstring,
+    item 1): per candidate tile, the padded tensor work, the operand bytes fed and the memory
+    traffic, each per unit of the parameter that scales it. `time(p)` then costs a few array
+    operations per tile, which is what makes fitting thousands of rows cheap."""
+
+    def __init__(self, t: Any, k: Any, n: Any, dtype_bytes: float, chip: Chip) -> None:
+        t = np.asarray(t, dtype=np.float64)
+        k, n = np.asarray(k, dtype=np.float64), np.asarray(n, dtype=np.float64)
+        self.t = t
+        sm_rate = chip.peak_flops / chip.num_sms
+        base_bytes = (k * n + t * (k + n)) * dtype_bytes
+        # per tile: (tensor flops per K-element, operand bytes per K-element, K-elements, waves)
+        self.tiles: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        for bm, bn, split in GEMM_TILES:
+            tiles = np.ceil(t / bm) * np.ceil(n / bn) * split
+            waves = np.ceil(tiles / chip.num_sms)
+            per_k = waves / sm_rate
+            mem = base_bytes + (2.0 * split * t * n * SPLIT_K_PARTIAL_BYTES if split > 1 else 0.0)
+            self.tiles.append((per_k * (2.0 * bm * bn), per_k * ((bm + bn) * dtype_bytes),
+                               k / split, mem / chip.bandwidth))
+
+    def time(self, p: CostParams) -> np.ndarray:
+        """Seconds of the fastest candidate tile (zero where T = 0)."""
+        e, k0, r = p.gemm_overlap_exp, p.gemm_tile_setup_k, p.gemm_feed_flop_per_byte
+        inv_c, inv_b = 1.0 / p.gemm_compute_eff, 1.0 / p.gemm_bandwidth_eff
+        best = None
+        for flops_k, bytes_k, k_tile, mem_s in self.tiles:
+            comp = (k_tile + k0) * (flops_k * inv_c + bytes_k * r)
+            mem = mem_s * inv_b
+            # (m^e + c^e)^(1/e) computed as m * (1 + (c/m)^e)^(1/e) to stay in range for any e
+            body = mem * (1.0 + (comp / mem) ** e) ** (1.0 / e)
+            best = body if best is None else np.minimum(best, body)
+        return np.where(self.t > 0, p.gemm_overhead_s + best, 0.0)
+
+    def best_tile(self, p: CostParams) -> np.ndarray:
+        """Index into GEMM_TILES of the candidate the library is modelled to run (docs, tests)."""
+        e, k0, r = p.gemm_overlap_exp, p.gemm_tile_setup_k, p.gemm_feed_flop_per_byte
+        bodies = []
+        for flops_k, bytes_k, k_tile, mem_s in self.tiles:
+            comp = (k_tile + k0) * (flops_k / p.gemm_compute_eff + bytes_k * r)
+            mem = mem_s / p.gemm_bandwidth_eff
+            bodies.append(mem * (1.0 + (comp / mem) ** e) ** (1.0 / e))
+        return np.argmin(np.array(bodies), axis=0)
+
+
+def gemm_time(t: Any, k: Any, n: Any, dtype_bytes: float, chip: Chip, p: CostParams) -> np.ndarray:
+    """Tile-model seconds for T x K @ K x N (zero when T = 0). See module docstring, item 1."""
+    return GemmGeometry(t, k, n, dtype_bytes, chip).time(p)
 
 
 def elementwise_time(t: Any, elems_per_token: Any, dtype_bytes: float, bandwidth: float,
@@ -208,16 +316,15 @@ def elementwise_time(t: Any, elems_per_token: Any, dtype_bytes: float, bandwidth
     return np.where(t > 0, overhead_s + t * elems_per_token * dtype_bytes / (bandwidth * eff), 0.0)
 
 
-def op_times(dims: ShardDims, t: Any, peak_flops: float, bandwidth: float,
-             p: CostParams) -> dict[str, np.ndarray]:
+def op_times(dims: ShardDims, t: Any, chip: Chip, p: CostParams) -> dict[str, np.ndarray]:
     """Seconds of every measured operator (LAYER_OPS + emb) at T tokens, per shard."""
     out: dict[str, np.ndarray] = {}
     d = dims.dtype_bytes
     for op, (k, n) in dims.gemm_shapes().items():
-        out[op] = gemm_time(t, k, n, d, peak_flops, bandwidth, p)
+        out[op] = gemm_time(t, k, n, d, chip, p)
     for op, elems in dims.elementwise_elems().items():
         kind = ELEMENTWISE_KIND[op]
-        out[op] = elementwise_time(t, elems, d, bandwidth, getattr(p, f"{kind}_bandwidth_eff"),
+        out[op] = elementwise_time(t, elems, d, chip.bandwidth, getattr(p, f"{kind}_bandwidth_eff"),
                                    getattr(p, f"{kind}_overhead_s"))
     return out
 
@@ -236,11 +343,81 @@ def link_bandwidth(gpu: GpuSpec) -> float:
     return (gpu.gpu_link_gbps or gpu.host_link_gbps) * 1e9
 
 
+@dataclass(frozen=True, slots=True)
+class StepOverhead:
+    """The per-step time outside the measured kernels (module docstring, item 6): host work,
+    kernel launches and the sampler. What each constant is and where it comes from:
+
+    - cpu_step_s = 1.0 ms: host time per step that does not grow with the batch (engine-core
+      loop, scheduler call, the model runner's input preparation, the sampler's host side,
+      output serialisation to the API server). No public figure for vLLM V1's total exists; an
+      assumption. Only the scheduler's share was measured: 57 us for one decode request
+      (vLLM 0.33's v1 Scheduler.schedule + update_from_output, `python -m
+      simulator.calibration.host_probe`).
+    - cpu_per_seq_s = 16.7 us: measured the same way, schedule + update_from_output per running
+      decode request (12.2 + 4.5 us, slope over 1-256 requests) on this project's build machine
+      (a shared 2-core VM: a dedicated serving host is likely faster); input preparation per
+      request (block-table rows) is not in it.
+    - cpu_per_token_s = 0.1 us: measured the same way, per prompt token of a new request
+      (block hashing and allocation), slope over 512-8192-token prompts.
+    - launch_per_kernel_s = 6 us: one eager PyTorch op's dispatch and launch from Python; no
+      source exists for vLLM's eager path, an assumption.
+    - kernels_per_layer = 9: vLLM 0.33's LlamaDecoderLayer.forward
+      (vllm/model_executor/models/llama.py): fused add+RMSNorm, QKV, rotary, attention, O,
+      fused add+RMSNorm, gate_up, SiluAndMul, down.
+    - graph_launch_s = 20 us: one CUDA-graph replay (cudaGraphLaunch); no source exists, an
+      assumption.
+    - sampler_overhead_s = 50 us and sampler_bytes_per_logit = 12: the sampler's GPU time,
+      its kernels' fixed cost plus passes over num_sampled x vocab logits (the LM head's 2-byte
+      logits read and written as fp32, read again by softmax / argmax: 2 + 4 + 4 + 2 bytes,
+      counted from vLLM's v1 Sampler); no measurement exists here, an assumption.
+    - async_exposed_s = 20 us: the part of a step async scheduling cannot hide (handing the
+      sampled token ids back to the host); no source exists, an assumption.
+    - CUDA-graph capture sizes, padding and modes are vLLM 0.33's defaults, not constants:
+      `cudagraph_sizes` (vllm/config/vllm.py, _set_cudagraph_sizes) and cudagraph_mode
+      FULL_AND_PIECEWISE (vllm/config/compilation.py: full graphs for decode-only batches,
+      piecewise graphs with eager attention for mixed ones).
+    """
+
+    cpu_step_s: float = 1.0e-3
+    cpu_per_seq_s: float = 16.7e-6
+    cpu_per_token_s: float = 0.1e-6
+    launch_per_kernel_s: float = 6e-6
+    kernels_per_layer: int = 9
+    graph_launch_s: float = 20e-6
+    sampler_overhead_s: float = 50e-6
+    sampler_bytes_per_logit: float = 12.0
+    async_exposed_s: float = 20e-6
+
+
+def cudagraph_sizes(max_num_seqs: int, max_num_batched_tokens: int,
+                    compute_capability: str = "") -> list[int]:
+    """vLLM 0.33's default CUDA-graph capture sizes, in tokens (vllm/config/vllm.py,
+    VllmConfig._set_cudagraph_sizes, one token per decode). Steps:
+    1. ceiling = min(2 * max_num_seqs, 512; 1024 on data-center Blackwell, compute capability
+       10.x), then at most max_num_batched_tokens;
+    2. sizes 1, 2, 4, multiples of 8 below 256, multiples of 16 from 256 up to the ceiling;
+    3. add max_num_batched_tokens and max_num_seqs when they fit under the ceiling."""
+    default = 1024 if compute_capability.split(".")[0] == "10" else 512
+    largest = min(2 * max_num_seqs, default, max_num_batched_tokens)
+    sizes = [s for s in (1, 2, 4) if s <= largest]
+    sizes += list(range(8, min(largest + 1, 256), 8)) + list(range(256, largest + 1, 16))
+    sizes += [s for s in (max_num_batched_tokens, max_num_seqs) if s <= largest]
+    return sorted(set(sizes))
+
+
 class CostModel:
-    """step_time(shape) -> seconds, for one (model, GPU, tensor-parallel size)."""
+    """step_time(shape) -> seconds, for one (model, GPU, tensor-parallel size).
+
+    Engine settings the per-step overhead needs (keyword arguments, vLLM's defaults):
+    max_num_seqs (CUDA-graph capture sizes), enforce_eager (no graphs), async_scheduling
+    (host work overlaps the GPU; off: the engine schedules synchronously), overhead (constants).
+    """
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int = 1, max_tokens: int = 8192,
-                 params: CostParams | None = None) -> None:
+                 params: CostParams | None = None, *, max_num_seqs: int = 256,
+                 enforce_eager: bool = False, async_scheduling: bool = False,
+                 overhead: StepOverhead | None = None) -> None:
         if not isinstance(tp, int) or tp < 1:
             raise ConfigError(f"tensor_parallel_size must be a positive integer, got {tp!r}")
         self.model, self.gpu, self.tp = model, gpu, tp
@@ -249,8 +426,8 @@ class CostModel:
         self.status: str | None = None if params is not None else status
         self.calibrated = self.status == "measured"
         self.extrapolated = self.status == "extrapolated"
-        self._peak = gpu.peak_flops(model.dtype_bytes)
-        self._bw = gpu.hbm_bandwidth_gbps * 1e9
+        self.chip = Chip.of(gpu, model.dtype_bytes)
+        self._peak, self._bw = self.chip.peak_flops, self.chip.bandwidth
         self._link = link_bandwidth(gpu)
         self._dims = ShardDims.of(model, tp)
         p = self.params
@@ -263,16 +440,33 @@ class CostModel:
         self._q_c = 2 * heads * model.head_dim * d * mem_c  # q in + out
         self._attn_o = p.attn_overhead_s
         self._layers = model.num_layers
+        # per-step overhead (module docstring, item 6)
+        o = self.overhead = overhead or StepOverhead()
+        self.async_scheduling = bool(async_scheduling)
+        self.graph_sizes = [] if enforce_eager else cudagraph_sizes(max_num_seqs, max(int(max_tokens), 1),
+                                                                    gpu.compute_capability)
+        self._max_graph = self.graph_sizes[-1] if self.graph_sizes else 0
+        self._pad = list(range(self._max_graph + 1))  # T -> the capture size a graph pads it to
+        for t in range(1, self._max_graph + 1):
+            self._pad[t] = self.graph_sizes[bisect.bisect_left(self.graph_sizes, t)]
+        L = self._layers
+        self._launch_full = o.graph_launch_s
+        self._launch_piecewise = (L + 1) * o.graph_launch_s + L * o.launch_per_kernel_s
+        self._launch_eager = (L * o.kernels_per_layer + 3) * o.launch_per_kernel_s  # + emb, norm, LM head
+        self._attn_o_all = L * self._attn_o
+        self._cpu_step, self._cpu_seq, self._cpu_tok = o.cpu_step_s, o.cpu_per_seq_s, o.cpu_per_token_s
+        self._exposed = o.async_exposed_s
+        self._num_rows = 0
         self._by_tokens: list[float] = []
         self._by_sampled: list[float] = []
         self._tabulate(max_tokens)
 
-    # --- tables over T (linear ops, all-reduces, embedding) and S (LM head) ---------------
+    # --- tables over T (linear ops, all-reduces, embedding) and S (LM head + sampler) -------
     def linear_time_per_layer(self, t: Any) -> np.ndarray:
         """Seconds for one layer's GEMMs + element-wise ops at T tokens, per shard (no all-reduce)."""
         m = self.model
         t = np.asarray(t, dtype=np.float64)
-        times = op_times(self._dims, t, self._peak, self._bw, self.params)
+        times = op_times(self._dims, t, self.chip, self.params)
         if m.is_moe:
             times.update(self._moe_mlp(t))
         return sum((times[op] for op in LAYER_OPS), np.zeros_like(t))
@@ -286,8 +480,8 @@ class CostModel:
         per_expert = np.where(touched > 0, rows / np.maximum(touched, 1e-9), 0.0)
         shapes = dims.gemm_shapes()
         d = dims.dtype_bytes
-        up = touched * gemm_time(per_expert, *shapes["mlp_up_proj"], d, self._peak, self._bw, p)
-        down = touched * gemm_time(per_expert, *shapes["mlp_down_proj"], d, self._peak, self._bw, p)
+        up = touched * gemm_time(per_expert, *shapes["mlp_up_proj"], d, self.chip, p)
+        down = touched * gemm_time(per_expert, *shapes["mlp_down_proj"], d, self.chip, p)
         act = elementwise_time(rows, dims.elementwise_elems()["mlp_act"], d, self._bw,
                                p.act_bandwidth_eff, p.act_overhead_s)
         return {"mlp_up_proj": up, "mlp_down_proj": down, "mlp_act": act}
@@ -301,42 +495,106 @@ class CostModel:
         """Seconds at T tokens that attention does not depend on: layers x (linear + all-reduce)
         + embedding (+ its all-reduce)."""
         t = np.asarray(t, dtype=np.float64)
-        emb = op_times(self._dims, t, self._peak, self._bw, self.params)["emb"]
+        emb = op_times(self._dims, t, self.chip, self.params)["emb"]
         emb_ar = 0.5 * self.allreduce_time_per_layer(t)
         layer = self.linear_time_per_layer(t) + self.allreduce_time_per_layer(t)
         return self._layers * layer + emb + emb_ar
 
     def lm_head_time(self, s: Any) -> np.ndarray:
         m = self.model
-        return gemm_time(s, m.hidden_size, m.vocab_size / self.tp, m.dtype_bytes, self._peak, self._bw,
-                         self.params)
+        return gemm_time(s, m.hidden_size, m.vocab_size / self.tp, m.dtype_bytes, self.chip, self.params)
+
+    def sampler_time(self, s: Any) -> np.ndarray:
+        """GPU seconds of the sampler over S rows of vocab logits (StepOverhead; 0 when S = 0)."""
+        s = np.asarray(s, dtype=np.float64)
+        o = self.overhead
+        nbytes = s * self.model.vocab_size * o.sampler_bytes_per_logit
+        stream = nbytes / (self._bw * self.params.gemm_bandwidth_eff)
+        return np.where(s > 0, o.sampler_overhead_s + stream, 0.0)
 
     def _tabulate(self, max_tokens: int) -> None:
-        n = np.arange(max(int(max_tokens), 1) + 1)
+        n = np.arange(max(int(max_tokens), self._max_graph, 1) + 1)
         # The forms are non-decreasing in T; the running max only removes float round-off.
         self._by_tokens = np.maximum.accumulate(self.per_step_time(n)).tolist()
-        self._by_sampled = np.maximum.accumulate(self.lm_head_time(n)).tolist()
+        self._by_sampled = np.maximum.accumulate(self.lm_head_time(n) + self.sampler_time(n)).tolist()
+        self._tokens_table = np.asarray(self._by_tokens)
+        self._sampled_table = np.asarray(self._by_sampled)
+        self._pad_table = np.concatenate([np.asarray(self._pad, dtype=np.int64),
+                                          np.arange(self._max_graph + 1, len(n), dtype=np.int64)])
+        self._num_rows = len(n)
 
     # --- one step ------------------------------------------------------------------------
     def step_time(self, shape: StepShape) -> float:
         """Seconds for one iteration. Scalar Python arithmetic: this is on the hot path."""
-        t, s, pairs, kv = shape
+        t, s, pairs, kv, seqs, prefill = shape
         if t <= 0:
             return 0.0
-        if t >= len(self._by_tokens):  # grow the tables (rare: a caller exceeding max_tokens)
-            self._tabulate(max(t, 2 * (len(self._by_tokens) - 1)))
+        if t >= self._num_rows or s >= self._num_rows:  # grow the tables (rare)
+            self._tabulate(max(t, s, 2 * (self._num_rows - 1)))
         attn = pairs * self._attn_flops_c
         mem = kv * self._kv_c + t * self._q_c
         if mem > attn:
             attn = mem
-        return (self._by_tokens[t] + self._layers * (attn + self._attn_o) + self._by_sampled[s]
-                + self.params.iteration_overhead_s)
+        if t <= self._max_graph:  # a CUDA graph padded to the next capture size
+            gpu = self._by_tokens[self._pad[t]]
+            if (prefill == 0) if prefill >= 0 else (t == s):  # decode-only: one full graph
+                launch = self._launch_full
+            else:
+                launch = self._launch_piecewise
+        else:
+            gpu = self._by_tokens[t]
+            launch = self._launch_eager
+        gpu += self._layers * attn + self._attn_o_all + self._by_sampled[s]
+        if launch > gpu:  # the GPU waits for the launches
+            gpu = launch
+        cpu = self._cpu_step + self._cpu_seq * (seqs if seqs > 0 else (s if s > 1 else 1)) + self._cpu_tok * t
+        if self.async_scheduling:
+            return (cpu if cpu > gpu else gpu) + self._exposed
+        return cpu + gpu
+
+    def step_times(self, num_tokens: Any, num_sampled: Any, attn_pairs: Any, kv_tokens: Any,
+                   num_seqs: Any = 0, num_prefill_tokens: Any = -1) -> np.ndarray:
+        """step_time over arrays of StepShape fields (broadcast), e.g. k decode steps at once for
+        an event-level engine. Equals step_time element-wise."""
+        t = np.asarray(num_tokens, dtype=np.int64)
+        s = np.asarray(num_sampled, dtype=np.int64)
+        pairs = np.asarray(attn_pairs, dtype=np.float64)
+        kv = np.asarray(kv_tokens, dtype=np.float64)
+        seqs = np.asarray(num_seqs, dtype=np.int64)
+        prefill = np.asarray(num_prefill_tokens, dtype=np.int64)
+        t, s, pairs, kv, seqs, prefill = np.broadcast_arrays(t, s, pairs, kv, seqs, prefill)
+        top = int(max(t.max(initial=0), s.max(initial=0)))
+        if top >= self._num_rows:
+            self._tabulate(max(top, 2 * (self._num_rows - 1)))
+        o = self.overhead
+        tc = np.clip(t, 0, None)
+        attn = np.maximum(pairs * self._attn_flops_c, kv * self._kv_c + tc * self._q_c)
+        graph = tc <= self._max_graph
+        decode_only = np.where(prefill >= 0, prefill == 0, t == s)
+        launch = np.where(graph, np.where(decode_only, self._launch_full, self._launch_piecewise),
+                          self._launch_eager)
+        gpu = (self._tokens_table[np.where(graph, self._pad_table[tc], tc)]
+               + self._layers * attn + self._attn_o_all + self._sampled_table[np.clip(s, 0, None)])
+        gpu = np.maximum(gpu, launch)
+        seqs_used = np.where(seqs > 0, seqs, np.maximum(s, 1))
+        cpu = o.cpu_step_s + o.cpu_per_seq_s * seqs_used + o.cpu_per_token_s * tc
+        step = np.maximum(cpu, gpu) + o.async_exposed_s if self.async_scheduling else cpu + gpu
+        return np.where(t > 0, step, 0.0)
 
     def attention_time_per_layer(self, pairs: float, kv_tokens: float, t: float) -> float:
         """Attention seconds for one layer (the term step_time uses), for checks and docs."""
         if t <= 0:
             return 0.0
         return max(pairs * self._attn_flops_c, kv_tokens * self._kv_c + t * self._q_c) + self._attn_o
+
+    def overhead_time(self, shape: StepShape) -> float:
+        """step_time less the kernel time at the unpadded T (what the per-step overhead adds)."""
+        t, s, pairs, kv = shape[:4]
+        if t <= 0:
+            return 0.0
+        kernels = (float(self.per_step_time(t)) + self._layers * self.attention_time_per_layer(pairs, kv, t)
+                   + float(self.lm_head_time(s)))
+        return self.step_time(shape) - kernels
 
     def describe(self) -> str:
         """One line for run output: model, GPU, where the parameters come from (the data set they
@@ -367,5 +625,6 @@ def prefill_pairs(num_new: int, num_computed: int) -> float:
     return num_new * num_computed + num_new * (num_new + 1) / 2
 
 
-__all__ = ["CostModel", "CostParams", "ShardDims", "StepShape", "allreduce_time", "elementwise_time",
-           "gemm_time", "link_bandwidth", "op_times", "prefill_pairs"]
+__all__ = ["GEMM_TILES", "Chip", "CostModel", "CostParams", "GemmGeometry", "ShardDims", "StepOverhead",
+           "StepShape", "allreduce_time", "cudagraph_sizes", "elementwise_time", "gemm_time",
+           "link_bandwidth", "op_times", "prefill_pairs"]

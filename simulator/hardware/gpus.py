@@ -32,6 +32,8 @@ class GpuSpec:
     price_per_hour: float
     calibration: dict[str, Any] = field(default_factory=dict)
     source_file: str = ""
+    num_sms: int = 0  # streaming multiprocessors (CUs on AMD): the GEMM wave count; 0 = not given
+    compute_capability: str = ""  # CUDA compute capability ("9.0"), "" when not CUDA or not given
 
     def __post_init__(self) -> None:
         for f in ("memory_gib", "hbm_bandwidth_gbps", "host_link_gbps"):
@@ -39,6 +41,9 @@ class GpuSpec:
             if not (isinstance(v, (int, float)) and v > 0):
                 raise ConfigError(
                     f"GPU profile {self.name!r} ({self.source_file}): {f} must be > 0, got {v!r}")
+        if not (isinstance(self.num_sms, int) and not isinstance(self.num_sms, bool) and self.num_sms >= 0):
+            raise ConfigError(f"GPU profile {self.name!r} ({self.source_file}): num_sms must be a "
+                              f"positive integer (the datasheet's SM count), got {self.num_sms!r}")
         if not self.peak_tflops or any(v <= 0 for v in self.peak_tflops.values()):
             raise ConfigError(
                 f"GPU profile {self.name!r}: peak_tflops must map dtypes to positive numbers")
@@ -90,6 +95,8 @@ def _from_dict(data: dict[str, Any], source: str) -> GpuSpec:
             price_per_hour=data.get("price_per_hour", 0.0),
             calibration=data.get("calibration") or {},
             source_file=source,
+            num_sms=data.get("num_sms", 0),
+            compute_capability=str(data.get("compute_capability") or ""),
         )
     except KeyError as e:
         raise ConfigError(f"GPU profile {source}: missing field {e.args[0]!r}") from None
