@@ -12,6 +12,7 @@ at --w4-step-requests, a small N, and the speed-up compares steps per second).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -19,17 +20,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import pandas as pd
-
 BENCH = Path("../shared/bench")
 WORKLOADS = {"w1": ["w1.yaml"], "w2": ["w2.yaml"], "w3": ["w3.yaml"], "w4": ["w4_scale.yaml"]}
 
 
-def one_run(config: str, sets: list[str], advance: str) -> dict:
+def one_run(config: str, sets: list[str], advance: str, iterations: bool = True) -> dict:
     """Wall seconds, engine steps, peak RSS (bytes) of one CLI run."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "simulator", "run", str(BENCH / config), "--out", tmp,
-               "--set", f"engine.advance={advance}"]
+               "--set", f"engine.advance={advance}"] + ([] if iterations else ["--no-iterations"])
         for s in sets:
             cmd += ["--set", s]
         t0 = time.perf_counter()
@@ -39,7 +38,8 @@ def one_run(config: str, sets: list[str], advance: str) -> dict:
         err = proc.stderr.read().decode() if proc.stderr else ""
         if status != 0:
             raise SystemExit(f"{' '.join(cmd)} failed:\n{err}")
-        steps = len(pd.read_parquet(Path(tmp) / "iterations.parquet", columns=["start_s"]))
+        summary = json.loads((Path(tmp) / "summary.json").read_text())
+        steps = summary["batch"]["num_iterations"]
     return {"wall_s": wall, "steps": steps, "rss_gb": usage.ru_maxrss * 1024 / 1e9}
 
 
@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--w4-rate", type=float, default=1.4)
     ap.add_argument("--w4-step-requests", type=int, default=3_000)
     ap.add_argument("--no-step", action="store_true", help="skip the step-loop reference runs")
+    ap.add_argument("--no-iterations", action="store_true", help="runs skip iterations.parquet")
     args = ap.parse_args()
     print(f"{'workload':<28} {'wall s':>8} {'steps':>10} {'steps/s':>10} {'RSS GB':>7} "
           f"{'step wall s':>11} {'speed-up':>8}")
@@ -63,7 +64,7 @@ def main() -> None:
             sets = [f"workload.num_requests={args.w4_requests}", rate]
             step_sets = [f"workload.num_requests={args.w4_step_requests}", rate]
             label = f"W4 {args.w4_requests:,} req @ {args.w4_rate}"
-        ev = one_run(config, sets, "event")
+        ev = one_run(config, sets, "event", not args.no_iterations)
         line = (f"{label:<28} {ev['wall_s']:>8.2f} {ev['steps']:>10,} "
                 f"{ev['steps'] / ev['wall_s']:>10,.0f} {ev['rss_gb']:>7.2f}")
         if not args.no_step:

@@ -107,3 +107,34 @@ class PagedMachine(RuleBasedStateMachine):
 
 TestPagedMachine = PagedMachine.TestCase
 TestPagedMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_unhashed_pool_pops_and_frees_in_lru_order():
+    """The array-backed pool (no prefix caching) hands out exactly BlockPool(lru)'s ids."""
+    import random
+
+    from simulator.engine.kvcache.block_pool import BlockPool, UnhashedBlockPool
+    rng = random.Random(7)
+    ref, fast = BlockPool(41, "lru"), UnhashedBlockPool(41)
+    held: list[list[int]] = []
+    for _ in range(400):
+        if held and (rng.random() < 0.45 or ref.num_free_blocks == 0):
+            blocks = held.pop(rng.randrange(len(held)))
+            ref.free_blocks(blocks[::-1])
+            fast.free_blocks(blocks[::-1])
+        else:
+            n = rng.randint(0, ref.num_free_blocks)
+            a, b = ref.get_new_blocks(n), fast.get_new_blocks(n)
+            assert a == b
+            held.append(a)
+        assert ref.free_queue.order() == fast.free_queue.order()
+        assert list(ref.ref_cnt) == fast.ref_cnt.tolist()
+    for blocks in held:
+        fast.free_blocks(blocks[::-1])
+    assert fast.num_free_blocks == 40
+    try:
+        fast.free_blocks([1])
+    except AssertionError as e:
+        assert "freed twice" in str(e)
+    else:
+        raise AssertionError("a double free must raise")

@@ -167,3 +167,44 @@ def test_slo_validation():
         resolve_slo({"ttft_s": -1})
     with pytest.raises(ConfigError, match="did you mean 'tpot_s'"):
         build_config(None, ["slo.tpot=0.1"])
+
+
+def test_recorder_scalar_columns_and_merges_match_per_step_records(monkeypatch):
+    """Blocks of steps with constant columns as numpy scalars, int32 in memory, merged every few
+    steps: the same iterations table (values and int64/float64 dtypes) as one record per step."""
+    import simulator.metrics.recorder as recorder_mod
+    monkeypatch.setattr(recorder_mod, "_MERGE_ROWS", 5)
+    a, b = MetricsRecorder(100), MetricsRecorder(100)
+    rows = [StepRecord(0.1 * i, 0.1, 2, 2, 0, 2, 0, 0, 2, 1, 10 + i, 0.1 + i / 100, 8 + i, 2,
+                       swap_s=0.0) for i in range(12)]
+    for r in rows:
+        a.record(r)
+    for lo in range(0, 12, 3):
+        part = rows[lo:lo + 3]
+        cols = {"start_s": np.array([r.start_s for r in part]), "duration_s": np.full(3, 0.1),
+                "num_seqs": np.int64(2), "num_tokens": np.int64(2), "prefill_tokens": np.int64(0),
+                "decode_tokens": np.int64(2), "num_preempted": np.int64(0), "num_admitted": np.int64(0),
+                "num_running": np.int64(2), "num_waiting": np.int64(1),
+                "kv_used_slots": np.array([r.kv_used_slots for r in part]),
+                "kv_usage": np.array([r.kv_usage for r in part]),
+                "kv_tokens_stored": np.array([r.kv_tokens_stored for r in part]),
+                "num_sampled": np.int64(2), "prefix_queries_total": None, "prefix_hits_total": None,
+                "evictions_total": None, "swap_s": np.float64(0.0), "kv_external_frag_slots": None}
+        b.record_many(cols, np.zeros(0), 0)
+    fa, fb = a.iterations_frame(), b.iterations_frame()
+    assert list(fa.columns) == list(fb.columns) and "swap_s" in fb
+    assert (fa.dtypes == fb.dtypes).all() and fb.num_seqs.dtype == np.int64
+    assert fa.equals(fb)
+
+
+def test_no_iterations_and_streamed_openmetrics(tmp_path):
+    from simulator.metrics.timeseries import to_openmetrics
+    cfg = build_config(overrides=["workload.num_requests=30"])
+    res = run(cfg)
+    full = res.write(tmp_path / "full")
+    assert (full / "iterations.parquet").is_file()
+    assert (full / "openmetrics.txt").read_text() == to_openmetrics(
+        res.requests, res.iterations, labels={"model_name": res.setup.model.name})
+    (tmp_path / "full" / "iterations.parquet").write_bytes(b"stale")
+    res.write(tmp_path / "full", iterations=False)
+    assert not (tmp_path / "full" / "iterations.parquet").exists()

@@ -58,6 +58,8 @@ def register(sub, help: str) -> None:
                    help="run N seeds (seed, seed+1, ...) and report mean and 95%% interval")
     p.add_argument("--metrics-interval-s", type=float, default=1.0, metavar="S",
                    help="sampling interval of timeseries.parquet / openmetrics.txt (default 1 s)")
+    p.add_argument("--no-iterations", dest="iterations", action="store_false",
+                   help="do not write iterations.parquet (one row per engine step; sweeps)")
     p.add_argument("--model", help="model name (e.g. llama-3.1-8b) or path to a Hugging Face config.json")
     p.add_argument("--gpu", help="GPU profile name (e.g. h100, a100-80gb) or path to a profile YAML")
     p.add_argument("--out", default="runs/latest", metavar="DIR",
@@ -148,7 +150,7 @@ def main(args: argparse.Namespace) -> int:
         result = run(config, progress=None if args.quiet else update, trace=trace, on_setup=on_setup)
     finally:
         stop()
-    out = result.write(Path(args.out), interval_s=args.metrics_interval_s)
+    out = result.write(Path(args.out), interval_s=args.metrics_interval_s, iterations=args.iterations)
     if trace is not None:
         trace.write(args.trace_steps)
     if args.quiet:
@@ -157,7 +159,8 @@ def main(args: argparse.Namespace) -> int:
     if not shown:  # NOTE: an engine whose run() does not call on_setup (clusters, before the merge)
         print_setup(out_console, result.setup)
     print_summary(out_console, result.summary)
-    out_console.print(f"wrote {out}/summary.json, requests.parquet, iterations.parquet, config.yaml, "
+    its = "iterations.parquet, " if args.iterations else ""
+    out_console.print(f"wrote {out}/summary.json, requests.parquet, {its}config.yaml, "
                       f"timeseries.parquet, openmetrics.txt, alerts.json "
                       f"(simulated in {result.wall_s:.1f} s wall); `kvsim report {out}` for a report",
                       highlight=False)
@@ -180,7 +183,8 @@ def _main_seeds(args: argparse.Namespace, config) -> int:
             print_setup(out_console, setup)
     for seed in seeds:
         result = run(config.replace(seed=seed), on_setup=on_setup)
-        result.write(out / f"seed_{seed}", interval_s=args.metrics_interval_s)
+        result.write(out / f"seed_{seed}", interval_s=args.metrics_interval_s,
+                     iterations=args.iterations)
         summaries.append(result.summary)
         if not args.quiet:
             err.print(f"seed {seed}: done ({result.wall_s:.1f} s wall)", highlight=False)

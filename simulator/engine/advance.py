@@ -39,10 +39,10 @@ class DecodeRun:
 
     delay: float  # the SimPy timeout that ends at starts[k] (env.now + delay == starts[k])
     starts: np.ndarray  # k + 1 times: each step's start, then the last step's end
-    columns: dict  # MetricsRecorder.record_many columns (k values each, or None)
+    columns: dict  # MetricsRecorder.record_many columns (k values, a numpy scalar, or None)
     gaps: np.ndarray  # the steps' token gaps, in step order
-    gaps_per_step: np.ndarray
-    req_ids: list[int]  # the running batch, in running order (step traces)
+    gaps_per_step: int  # every step samples one token per running request
+    reqs: list  # the running batch (Requests), in running order (step traces)
 
 
 # NOTE: the step_time this module's formula mirrors; a cost model whose step_time was replaced

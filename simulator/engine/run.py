@@ -54,15 +54,20 @@ class Result:
     # one replica's scheduler in its final state, for inspection (None for several replicas)
     scheduler: SchedulerInterface | None = field(default=None, repr=False)
 
-    def write(self, out_dir: str | Path, *, interval_s: float = 1.0) -> Path:
-        """The run directory; `interval_s` is the sampling interval of the time series."""
+    def write(self, out_dir: str | Path, *, interval_s: float = 1.0, iterations: bool = True) -> Path:
+        """The run directory; `interval_s` is the sampling interval of the time series;
+        `iterations` False skips iterations.parquet (sweeps; an older one there is removed, so
+        the directory never mixes runs)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(
             json.dumps(clean_floats(self.summary), indent=2, sort_keys=True) + "\n")
         (out / "config.yaml").write_text(yaml.safe_dump(self.setup.resolved_dict(), sort_keys=True))
         self.requests.to_parquet(out / "requests.parquet", index=False)
-        self.iterations.to_parquet(out / "iterations.parquet", index=False)
+        if iterations:
+            self.iterations.to_parquet(out / "iterations.parquet", index=False)
+        else:
+            (out / "iterations.parquet").unlink(missing_ok=True)
         write_monitoring(out, self.requests, self.iterations, alerts=self.setup.config.alerts,
                          interval_s=interval_s, labels={"model_name": self.setup.model.name})
         return out

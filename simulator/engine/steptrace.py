@@ -50,7 +50,7 @@ class StepTrace:
 
     def decode_run(self, run: DecodeRun) -> None:
         """The steps of an event-level decode run, as step by step would have traced them."""
-        scheduled = [[r, 1] for r in run.req_ids]
+        scheduled = [[r.req_id, 1] for r in run.reqs]
         usage = run.columns["kv_usage"].tolist()
         for j, t in enumerate(run.starts[:-1].tolist()):
             self.rows.append({"step": len(self.rows), "t_s": t, "scheduled": [list(x) for x in scheduled],

@@ -7,6 +7,10 @@ rejected). The recorder only appends; the tables are built when asked for:
   the engine keeps them (a record field is None on every step, or on none);
 - requests: one row per request, in req_id order;
 - token gaps: every inter-token gap, kept as (value, count).
+Memory per step does not hold Python objects: rows are flushed every 4096 steps into typed
+column blocks (counts as int32 when they fit, running totals and times as 64-bit), and a
+column that is constant over a block of steps (a decode run's batch size, zeros) is kept as
+one numpy scalar; the tables restore the int64 / float64 columns as written before.
 KV counters arrive as the manager's running totals (StepRecord.*_total) and are stored as
 per-step increments, as vLLM's counters are reported.
 """
@@ -69,7 +73,19 @@ _OPTIONAL = (("num_sampled", "num_sampled", False),
 _ROW = operator.attrgetter(*ITER_COLUMNS, *(f for _, f, _ in _OPTIONAL))
 
 
+_NAMES = (*ITER_COLUMNS, *(f for _, f, _ in _OPTIONAL))
+_COLUMN_OF = {f: c for c, f, _ in _OPTIONAL}  # record field -> iteration column
 _FLUSH_ROWS = 4096  # rows buffered as tuples before they become typed column arrays
+
+
+_I32 = np.iinfo(np.int32)
+
+
+def _compact(values: np.ndarray) -> np.ndarray:
+    """int64 counts as int32 when every value fits (iterations_frame widens them back)."""
+    if values.dtype == np.int64 and len(values) and _I32.min <= values.min() and values.max() <= _I32.max:
+        return values.astype(np.int32)
+    return values
 
 
 def _as_block(columns: list) -> list[np.ndarray | None]:
@@ -83,19 +99,49 @@ def _as_block(columns: list) -> list[np.ndarray | None]:
         if missing:
             raise ValueError(f"iteration column {name} is missing on {missing} of "
                              f"{len(values)} steps; record it on every step or never")
-        block.append(np.asarray(values))
+        block.append(_compact(np.asarray(values)))
     return block
+
+
+def _expand(value: np.ndarray | np.generic, k: int) -> np.ndarray:
+    """A block's column as k values: a numpy scalar stands for k equal values (same dtype);
+    int32 blocks widen back to int64 (the dtype the tables have always had)."""
+    if isinstance(value, np.generic):
+        return np.full(k, value)
+    return value.astype(np.int64) if value.dtype == np.int32 else value
+
+
+def _merge(blocks: list[list], sizes: list[int]) -> list[np.ndarray | None]:
+    """Several column blocks as one compact block (scalars expanded, counts as int32)."""
+    merged: list[np.ndarray | None] = []
+    for k, name in enumerate(_NAMES):
+        parts = [blk[k] for blk in blocks]
+        missing = sum(n for n, p in zip(sizes, parts) if p is None)
+        if missing == sum(sizes):
+            merged.append(None)
+            continue
+        if missing:
+            raise ValueError(f"iteration column {_COLUMN_OF.get(name, name)} is missing on {missing} "
+                             f"of {sum(sizes)} steps; record it on every step or never")
+        merged.append(_compact(np.concatenate([_expand(p, n) for p, n in zip(parts, sizes)])))
+    return merged
+
+
+_MERGE_ROWS = 1 << 16  # recent blocks are merged into one compact block every ~65k steps
 
 
 class MetricsRecorder:
     """Per-step rows live as typed numpy column blocks (a short tuple buffer in front), so the
-    memory per step is ~8 bytes a column, not Python objects; `record_many` appends a block of
-    steps at once (the event-level advance)."""
+    memory per step is ~4-8 bytes a column, not Python objects; `record_many` appends a block
+    of steps at once (the event-level advance); recent blocks (one per decode run) are merged
+    every ~65k steps, so a run's block costs no Python objects for long either."""
 
     def __init__(self, total_slots: int) -> None:
         self.total_slots = total_slots
         self._rows: list[tuple] = []
-        self._blocks: list[list[np.ndarray | None]] = []
+        self._blocks: list[list[np.ndarray | None]] = []  # merged
+        self._recent: list[list] = []  # blocks since the last merge (arrays or numpy scalars)
+        self._recent_rows = 0
         self.num_steps = 0
         self._gap_values: list[np.ndarray] = []
         self._gap_counts: list[np.ndarray] = []
@@ -115,21 +161,38 @@ class MetricsRecorder:
 
     def _flush(self) -> None:
         if self._rows:
-            self._blocks.append(_as_block(list(zip(*self._rows))))
+            self._add_block(_as_block(list(zip(*self._rows))), len(self._rows))
             self._rows = []
 
-    def record_many(self, columns: dict[str, np.ndarray | None], gaps: np.ndarray,
-                    gaps_per_step: np.ndarray) -> None:
+    def _add_block(self, block: list, k: int) -> None:
+        self._recent.append(block)
+        self._recent_rows += k
+        if self._recent_rows >= _MERGE_ROWS:
+            self._merge_recent()
+
+    def _merge_recent(self) -> None:
+        if self._recent:
+            recent = self._recent
+            self._blocks.append(recent[0] if len(recent) == 1 and not any(
+                isinstance(v, np.generic) for v in recent[0]) else
+                _merge(recent, [len(blk[0]) for blk in recent]))
+            self._recent, self._recent_rows = [], 0
+
+    def record_many(self, columns: dict[str, np.ndarray | np.generic | None], gaps: np.ndarray,
+                    gaps_per_step: np.ndarray | int) -> None:
         """k engine steps at once: `columns` maps every ITER_COLUMNS name and every optional
-        record field (StepRecord's names: prefix_queries_total, ...) to k values (None: not
-        kept); `gaps` are the steps' token gaps in step order, `gaps_per_step` how many each
-        step has. Same tables and gap counts as k `record` calls."""
+        record field (StepRecord's names: prefix_queries_total, ...) to k values, a numpy
+        scalar (the same value on all k steps, its dtype the column's) or None (not kept);
+        start_s is always k values. `gaps` are the steps' token gaps in step order,
+        `gaps_per_step` how many each step has (an int: the same on every step). Same tables
+        and gap counts as k `record` calls."""
         self._flush()
-        names = (*ITER_COLUMNS, *(f for _, f, _ in _OPTIONAL))
-        block = [columns[name] for name in names]
+        block = [columns[name] for name in _NAMES]
         k = len(block[0])
-        self._blocks.append(block)
+        self._add_block(block, k)
         self.num_steps += k
+        if isinstance(gaps_per_step, int):
+            gaps_per_step = np.full(k, gaps_per_step, np.int64)
         # NOTE: the gap buffer is compressed at the same step boundaries as step by step
         # (the compressed chunks feed float sums, so their boundaries are part of the result)
         limit = 1 << 16
@@ -174,13 +237,16 @@ class MetricsRecorder:
     # --- tables ---------------------------------------------------------------------------
     def iterations_frame(self) -> pd.DataFrame:
         self._flush()
+        self._merge_recent()
         blocks = self._blocks
         if not blocks:
             return pd.DataFrame({c: np.asarray(()) for c in ITER_COLUMNS})
-        cols = {c: np.concatenate([blk[k] for blk in blocks]) for k, c in enumerate(ITER_COLUMNS)}
+        sizes = [len(blk[0]) for blk in blocks]
+        cols = {c: np.concatenate([_expand(blk[k], n) for blk, n in zip(blocks, sizes)])
+                for k, c in enumerate(ITER_COLUMNS)}
         for k, (name, _, is_total) in enumerate(_OPTIONAL, start=len(ITER_COLUMNS)):
-            parts = [blk[k] for blk in blocks]
-            missing = sum(len(blk[0]) for blk, p in zip(blocks, parts) if p is None)
+            parts = [None if blk[k] is None else _expand(blk[k], n) for blk, n in zip(blocks, sizes)]
+            missing = sum(n for n, p in zip(sizes, parts) if p is None)
             if missing == self.num_steps:  # not kept by this engine
                 continue
             if missing:

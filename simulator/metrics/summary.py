@@ -347,13 +347,13 @@ def write_monitoring(out_dir, requests: pd.DataFrame, iterations: pd.DataFrame, 
     from pathlib import Path
 
     from simulator.metrics.alerts import alerts_document
-    from simulator.metrics.timeseries import build_timeseries, to_openmetrics
+    from simulator.metrics.timeseries import build_timeseries, write_openmetrics
 
     out = Path(out_dir)
     rules = resolve_rules(alerts)
     build_timeseries(requests, iterations, interval_s).to_parquet(out / "timeseries.parquet", index=False)
-    (out / "openmetrics.txt").write_text(
-        to_openmetrics(requests, iterations, interval_s=interval_s, labels=labels))
+    write_openmetrics(out / "openmetrics.txt", requests, iterations, interval_s=interval_s,
+                      labels=labels)
     doc = alerts_document(rules, evaluate(rules, requests, iterations))
     doc["interval_s"] = interval_s
     (out / "alerts.json").write_text(json.dumps(clean_floats(doc), indent=2, sort_keys=True) + "\n")

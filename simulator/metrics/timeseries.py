@@ -248,36 +248,68 @@ def to_openmetrics(requests: pd.DataFrame, iterations: pd.DataFrame, *, interval
     `start_unix_s + t` (simulated seconds; 0 = the Unix epoch keeps files deterministic).
     Each family's samples are contiguous and time-ordered, histogram points complete
     (buckets, _count, _sum per timestamp), ending with `# EOF`, as
-    `promtool tsdb create-blocks-from openmetrics` expects."""
+    `promtool tsdb create-blocks-from openmetrics` expects. (One string: for a file, use
+    write_openmetrics, which streams the same text.)"""
+    return "".join(openmetrics_chunks(requests, iterations, interval_s=interval_s, labels=labels,
+                                      start_unix_s=start_unix_s))
+
+
+def write_openmetrics(path: str | Path, requests: pd.DataFrame, iterations: pd.DataFrame, *,
+                      interval_s: float = 1.0, labels: dict[str, str] | None = None,
+                      start_unix_s: float = 0.0) -> None:
+    """to_openmetrics written to `path` chunk by chunk (never the whole text in memory)."""
+    check_interval(interval_s)  # before the file is opened: a bad interval leaves it as it was
+    with open(path, "w") as f:
+        for chunk in openmetrics_chunks(requests, iterations, interval_s=interval_s, labels=labels,
+                                        start_unix_s=start_unix_s):
+            f.write(chunk)
+
+
+_CHUNK_SAMPLES = 4096  # grid points per text chunk
+
+
+def openmetrics_chunks(requests: pd.DataFrame, iterations: pd.DataFrame, *, interval_s: float = 1.0,
+                       labels: dict[str, str] | None = None, start_unix_s: float = 0.0):
+    """The text of to_openmetrics as a sequence of chunks (each whole lines ending in a newline):
+    the sampled values are arrays over the grid; the text is made a few thousand grid points
+    at a time."""
     _, t1 = run_window(requests, iterations)
     g = grid(t1, interval_s)
-    ts = [f"{start_unix_s + t:.3f}" for t in g]
     lab = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted((labels or {}).items()))
     sel = "{" + lab + "}" if lab else ""
-    out: list[str] = []
+
+    def stamps(lo: int, hi: int) -> list[str]:
+        return [f"{start_unix_s + t:.3f}" for t in g[lo:hi]]
+
+    def series(prefix: str, vals: np.ndarray):
+        for lo in range(0, len(g), _CHUNK_SAMPLES):
+            hi = lo + _CHUNK_SAMPLES
+            yield "".join(f"{prefix} {_num(v)} {t}\n" for v, t in zip(vals[lo:hi], stamps(lo, hi)))
     for name, (col, help_) in GAUGES.items():
-        out += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
-        vals = gauge(iterations, col).at(g)
-        out += [f"{name}{sel} {_num(v)} {t}" for v, t in zip(vals, ts)]
+        yield f"# HELP {name} {help_}\n# TYPE {name} gauge\n"
+        yield from series(f"{name}{sel}", gauge(iterations, col).at(g))
     for name, (times, inc) in _counter_events(requests, iterations).items():
-        out += [f"# HELP {name} {COUNTERS[name]}", f"# TYPE {name} counter"]
-        vals = _counter(times, inc, g)
-        out += [f"{name}_total{sel} {_num(v)} {t}" for v, t in zip(vals, ts)]
+        yield f"# HELP {name} {COUNTERS[name]}\n# TYPE {name} counter\n"
+        yield from series(f"{name}_total{sel}", _counter(times, inc, g))
     pre = lab + "," if lab else ""
     for name, (times, values) in _histogram_observations(requests, iterations).items():
         help_, buckets = HISTOGRAMS[name]
-        out += [f"# HELP {name} {help_}", f"# TYPE {name} histogram"]
+        head = f"# HELP {name} {help_}\n# TYPE {name} histogram\n"
         if name.endswith("_seconds"):
-            out.append(f"# UNIT {name} seconds")
+            head += f"# UNIT {name} seconds\n"
+        yield head
         les = [_le(b) for b in buckets] + ["+Inf"]
         counts = [_counter(times, (values <= b).astype(np.float64), g) for b in buckets]
         counts.append(_counter(times, np.ones(len(values)), g))
         sums = _counter(times, values, g)
-        for k, t in enumerate(ts):
-            out += [f'{name}_bucket{{{pre}le="{le}"}} {_num(c[k])} {t}' for le, c in zip(les, counts)]
-            out += [f"{name}_count{sel} {_num(counts[-1][k])} {t}", f"{name}_sum{sel} {_num(sums[k])} {t}"]
-    out.append("# EOF")
-    return "\n".join(out) + "\n"
+        for lo in range(0, len(g), _CHUNK_SAMPLES):
+            out: list[str] = []
+            for k, t in enumerate(stamps(lo, lo + _CHUNK_SAMPLES), start=lo):
+                out += [f'{name}_bucket{{{pre}le="{le}"}} {_num(c[k])} {t}\n' for le, c in zip(les, counts)]
+                out += [f"{name}_count{sel} {_num(counts[-1][k])} {t}\n",
+                        f"{name}_sum{sel} {_num(sums[k])} {t}\n"]
+            yield "".join(out)
+    yield "# EOF\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -298,13 +330,12 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.is_file():
             import yaml
             model = str((yaml.safe_load(cfg.read_text()) or {}).get("model", ""))
-        text = to_openmetrics(reqs, iters, interval_s=args.interval_s,
-                              labels={"model_name": model} if model else None,
-                              start_unix_s=args.start_unix_s)
+        write_openmetrics(Path(args.output or run_dir / "openmetrics.txt"), reqs, iters,
+                          interval_s=args.interval_s, labels={"model_name": model} if model else None,
+                          start_unix_s=args.start_unix_s)
     except (OSError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    Path(args.output or run_dir / "openmetrics.txt").write_text(text)
     return 0
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from array import array
 
+import numpy as np
+
 from simulator.engine.kvcache.eviction import EVICTION_POLICIES
 
 
@@ -79,6 +81,12 @@ class BlockPool:
             out.append(b)
         return out
 
+    def stamp_access(self, block_ids: list[int], times: list[float]) -> None:
+        """Set each block's last access time (blocks taken by a decode run, at their step)."""
+        last = self.last_access_s
+        for b, t in zip(block_ids, times):
+            last[b] = t
+
     def cache_block(self, block_id: int, block_hash: int) -> None:
         if self.block_hash[block_id] is None:
             self.block_hash[block_id] = block_hash
@@ -108,3 +116,116 @@ class BlockPool:
     @property
     def usage(self) -> float:
         return 1.0 - self.num_free_blocks / (self.num_blocks - 1)
+
+
+class FreeStack:
+    """The `lru` free queue of a pool whose blocks never carry a hash (no prefix caching): every
+    freed block goes to the head, so the queue is a stack over the initial FIFO. Kept as one
+    int32 array whose *end* is the head; popping n blocks or prepending a request's blocks is a
+    slice, not a Python loop. Pops in exactly the order `LRU` pops (tests/test_allocators.py)."""
+
+    def __init__(self, block_ids: range) -> None:
+        self._stack = np.array(block_ids[::-1], np.int32)  # head (next to reuse) last
+        self._top = len(self._stack)
+
+    def __len__(self) -> int:
+        return self._top
+
+    def __contains__(self, block_id: int) -> bool:
+        return bool((self._stack[:self._top] == block_id).any())
+
+    def order(self) -> list[int]:
+        """Current eviction order, head first (tests and debugging)."""
+        return self._stack[:self._top][::-1].tolist()
+
+    def pop_many(self, n: int) -> np.ndarray:
+        """The n head blocks, head first."""
+        top = self._top - n
+        out = self._stack[top:self._top][::-1].copy()
+        self._top = top
+        return out
+
+    def prepend_many(self, block_ids: np.ndarray) -> None:
+        """block_ids[0] becomes the head, block_ids[1] next, ... (LRU.prepend)."""
+        top = self._top
+        self._stack[top:top + len(block_ids)] = block_ids[::-1]
+        self._top = top + len(block_ids)
+
+
+class UnhashedBlockPool:
+    """BlockPool for `lru` without prefix caching (PagedAllocator picks it, `make_block_pool`):
+    no block is ever hashed, so nothing is cached or evicted and the free queue is a FreeStack.
+    Allocation and release cost O(numpy calls) per request, not per block; same block ids in
+    the same order as BlockPool. Per-block metadata are numpy arrays (`last_access_s`,
+    `freed_s`, `num_hits` are kept for parity with BlockPool; no policy reads them here)."""
+
+    num_evictions = 0
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 2:
+            raise ValueError(f"a block pool needs >= 2 blocks (one is the null block), got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.now = 0.0
+        self.ref_cnt = np.zeros(num_blocks, np.int32)
+        self.ref_cnt[0] = 1  # null block, permanently held
+        self.last_access_s = np.zeros(num_blocks)
+        self.freed_s = np.zeros(num_blocks)
+        self.num_hits = np.zeros(num_blocks, np.int32)
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.free_queue = FreeStack(range(1, num_blocks))
+        self.evicted_idle_s = array("d")
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.free_queue._top
+
+    def get_cached_block(self, block_hash: int) -> int | None:
+        return None
+
+    def touch(self, block_ids: list[int]) -> None:
+        raise AssertionError("an unhashed pool has no cached blocks to touch")
+
+    def cache_block(self, block_id: int, block_hash: int) -> None:
+        raise AssertionError("an unhashed pool does not cache blocks (prefix caching is off)")
+
+    def get_new_blocks(self, n: int) -> list[int]:
+        return self.get_new_array(n).tolist()
+
+    def stamp_access(self, block_ids: list[int], times: list[float]) -> None:
+        self.last_access_s[block_ids] = times
+
+    def get_new_array(self, n: int) -> np.ndarray:
+        """get_new_blocks as an int32 array (head first)."""
+        if n > self.free_queue._top:
+            raise ValueError(f"asked for {n} blocks, {self.free_queue._top} free")
+        out = self.free_queue.pop_many(n)
+        self.ref_cnt[out] = 1
+        self.num_hits[out] = 0
+        self.last_access_s[out] = self.now
+        return out
+
+    def free_blocks(self, ordered_blocks) -> None:
+        """BlockPool.free_blocks: every block reaching ref count 0 goes to the head, in order."""
+        b = np.asarray(ordered_blocks, np.int32)
+        if not len(b):
+            return
+        rc = self.ref_cnt[b] - 1
+        if (rc < 0).any():
+            raise AssertionError(f"block {int(b[rc < 0][0])} freed twice")
+        self.ref_cnt[b] = rc
+        zero = b[rc == 0]
+        self.freed_s[zero] = self.now
+        self.free_queue.prepend_many(zero)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks / (self.num_blocks - 1)
+
+
+def make_block_pool(num_blocks: int, eviction: str = "lru", eviction_params: dict | None = None,
+                    hashing: bool = True) -> BlockPool | UnhashedBlockPool:
+    """The pool a KV manager uses: UnhashedBlockPool when no block will ever be hashed under
+    `lru` (same order, numpy speed), else BlockPool with the eviction policy."""
+    if not hashing and eviction == "lru" and not eviction_params:
+        return UnhashedBlockPool(num_blocks)
+    return BlockPool(num_blocks, eviction, eviction_params)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from simulator.engine.kvcache import ALLOCATORS
-from simulator.engine.kvcache.block_pool import BlockPool
+from simulator.engine.kvcache.block_pool import make_block_pool
 from simulator.engine.kvcache.prefix import BlockHasher
 from simulator.engine.protocols import KVContext, KVStats
 from simulator.workload.request import Request
@@ -40,7 +40,8 @@ class PagedAllocator:
                  eviction: str = "lru", eviction_params: dict | None = None,
                  prefix_chunk_tokens: int = 512) -> None:
         self.block_size = block_size
-        self.pool = BlockPool(num_blocks, eviction, eviction_params)
+        # without prefix caching no block is hashed: an array-backed pool (same ids, same order)
+        self.pool = make_block_pool(num_blocks, eviction, eviction_params, enable_prefix_caching)
         self.total_slots = (num_blocks - 1) * block_size
         self.req_to_blocks: dict[int, list[int]] = {}
         self.enable_prefix_caching = enable_prefix_caching
@@ -207,10 +208,9 @@ class PagedAllocator:
         pool = self.pool
         new = pool.get_new_blocks(len(reqs))
         tables = self.req_to_blocks
-        last = pool.last_access_s
-        for req, b, t in zip(reqs, new, times):
+        for req, b in zip(reqs, new):
             tables[req.req_id].append(b)
-            last[b] = t
+        pool.stamp_access(new, times)
 
     def decode_gauges(self, taken: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(used_slots, usage) after each step of a run, `taken` blocks into it (cumulative),

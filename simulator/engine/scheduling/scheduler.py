@@ -437,24 +437,24 @@ class Scheduler:
         kv.now = float(starts[k - 1])
         self._admitted = []
         self.step_swap_s = 0.0
-        full = np.full(k, m, np.int64)
-        zeros = np.zeros(k, np.int64)
+        # constant columns as numpy scalars (the recorder keeps one value for the k steps)
+        full = np.int64(m)
+        zero = np.int64(0)
 
-        def const(value: int | None) -> np.ndarray | None:
-            return None if value is None else np.full(k, value)
+        def const(value: int | None) -> np.generic | None:
+            return None if value is None else np.asarray(value)[()]
         columns = {
             "start_s": starts[:k], "duration_s": durations, "num_seqs": full,
-            "num_tokens": full, "prefill_tokens": zeros, "decode_tokens": full,
-            "num_preempted": zeros, "num_admitted": zeros, "num_running": full,
-            "num_waiting": np.full(k, len(self.queue), np.int64), "kv_used_slots": used,
+            "num_tokens": full, "prefill_tokens": zero, "decode_tokens": full,
+            "num_preempted": zero, "num_admitted": zero, "num_running": full,
+            "num_waiting": np.int64(len(self.queue)), "kv_used_slots": used,
             "kv_usage": usage, "kv_tokens_stored": stored, "num_sampled": full,
             "prefix_queries_total": const(stats.prefix_queries),
             "prefix_hits_total": const(stats.prefix_hits),
             "evictions_total": const(stats.num_evictions),
-            "swap_s": None if self.swap is None else np.zeros(k),
+            "swap_s": None if self.swap is None else np.float64(0.0),
             "kv_external_frag_slots": const(stats.external_frag_slots)}
-        return DecodeRun(delay, starts, columns, gaps, np.full(k, m, np.int64),
-                         [r.req_id for r in rb.reqs])
+        return DecodeRun(delay, starts, columns, gaps, m, list(rb.reqs))
 
     def stats(self) -> SchedulerStats:
         rb = self.running
