@@ -76,9 +76,7 @@ def _overrides(s: dict) -> list[str]:
     return out
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
-@given(scenario)
-def test_event_level_advance_gives_byte_identical_outputs(s):
+def _check_identical(s) -> None:
     overrides = _overrides(s)
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -89,6 +87,20 @@ def test_event_level_advance_gives_byte_identical_outputs(s):
     for name in step:
         assert event[name] == step[name], (name, overrides)
     assert event_trace == step_trace, overrides
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(scenario)
+def test_event_level_advance_gives_byte_identical_outputs(s):
+    _check_identical(s)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(scenario)
+def test_event_level_advance_gives_byte_identical_outputs_many(s):
+    """The same check over more scenarios (CI runs it: -m slow)."""
+    _check_identical(s)
 
 
 def test_decode_runs_happen_and_cut_the_loop():

@@ -330,7 +330,8 @@ class VllmScheduler:
         t = int(n.sum())
         shape = StepShape(num_tokens=t, num_sampled=int(np.count_nonzero(sampled)),
                           attn_pairs=float(n @ c) + float(n @ (n + 1)) / 2.0,
-                          kv_tokens=int(reach.sum()))
+                          kv_tokens=int(reach.sum()), num_seqs=len(scheduled),
+                          num_prefill_tokens=t - decodes)
         # preempted: were running, now waiting (recompute: computed reset)
         running_now = {r.request_id for r in vs.running}
         preempted = [self.reqs[r] for r in sorted(self._running_ids - running_now, key=int)

@@ -45,26 +45,21 @@ class DecodeRun:
     reqs: list  # the running batch (Requests), in running order (step traces)
 
 
-# NOTE: the step_time this module's formula mirrors; a cost model whose step_time was replaced
-# (a test's fixed step) is evaluated step by step instead
+# NOTE: a cost model whose step_time was replaced (a test's fixed step) is evaluated step by
+# step instead, so its replacement is what runs
 _STEP_TIME = CostModel.step_time
 
 
 def decode_step_times(cost: CostModel, m: int, pairs: np.ndarray, kv_tokens: np.ndarray
                       ) -> np.ndarray:
-    """CostModel.step_time(StepShape(m, m, pairs[j], kv_tokens[j])) for every j, over numpy:
-    the same float operations in the same order (tests/test_advance.py checks equality).
-    NOTE: reads the cost model's tables; the lead switches it to CostModel.step_times."""
+    """CostModel.step_time(StepShape(m, m, pairs[j], kv_tokens[j], m, 0)) for every j: the cost
+    model's own vectorized step_times (element-wise equal to step_time, tests/test_costmodel.py);
+    every step of a decode run is a pure decode of the m running requests."""
     if type(cost).step_time is not _STEP_TIME:
         step_time = cost.step_time
-        return np.array([step_time(StepShape(m, m, p, k))
+        return np.array([step_time(StepShape(m, m, p, k, m, 0))
                          for p, k in zip(pairs.tolist(), kv_tokens.tolist())], np.float64)
-    cost.step_time(StepShape(m, m, 0.0, 0))  # grows the tables if m is beyond them
-    attn = pairs * cost._attn_flops_c
-    mem = kv_tokens * cost._kv_c + m * cost._q_c
-    attn = np.where(mem > attn, mem, attn)
-    return (cost._by_tokens[m] + cost._layers * (attn + cost._attn_o) + cost._by_sampled[m]
-            + cost.params.iteration_overhead_s)
+    return cost.step_times(m, m, pairs, kv_tokens, m, 0)
 
 
 def exact_delay(now: float, target: float) -> float | None:

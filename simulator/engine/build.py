@@ -166,7 +166,8 @@ def setup(config: SimConfig) -> Setup:
         params = ValidatedParams(ALLOCATORS.validate_params(
             "hybrid", {**layout_params(memory.kv_layout, engine.max_num_batched_tokens), **user},
             "engine.kv_allocator_params"), eviction, queue, router)
-    cost = CostModel(model, gpu, engine.tensor_parallel_size, engine.max_num_batched_tokens)
+    cost = CostModel(model, gpu, engine.tensor_parallel_size, engine.max_num_batched_tokens,
+                     max_num_seqs=engine.max_num_seqs)
     return Setup(config, model, gpu, engine, memory, cost, params, cluster, backend, allocator)
 
 

@@ -573,8 +573,9 @@ class CostModel:
         decode_only = np.where(prefill >= 0, prefill == 0, t == s)
         launch = np.where(graph, np.where(decode_only, self._launch_full, self._launch_piecewise),
                           self._launch_eager)
-        gpu = (self._tokens_table[np.where(graph, self._pad_table[tc], tc)]
-               + self._layers * attn + self._attn_o_all + self._sampled_table[np.clip(s, 0, None)])
+        # NOTE: the additions in step_time's order (`gpu += a + b + c`), so both are bit-equal
+        gpu = self._tokens_table[np.where(graph, self._pad_table[tc], tc)] + (
+            self._layers * attn + self._attn_o_all + self._sampled_table[np.clip(s, 0, None)])
         gpu = np.maximum(gpu, launch)
         seqs_used = np.where(seqs > 0, seqs, np.maximum(s, 1))
         cpu = o.cpu_step_s + o.cpu_per_seq_s * seqs_used + o.cpu_per_token_s * tc

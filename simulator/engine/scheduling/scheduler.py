@@ -309,13 +309,16 @@ class Scheduler:
         t = int(n.sum())
         self._pure = (decodes == m == t and not preempted and not num_admitted
                       and not self.step_swap_s)
+        num_seqs = int(np.count_nonzero(scheduled))
         shape = StepShape(
             num_tokens=t,
             num_sampled=int(np.count_nonzero(sampled)),
             attn_pairs=float(n @ c) + float(n @ (n + 1)) / 2.0,
             kv_tokens=int(reach @ scheduled),
+            num_seqs=num_seqs,
+            num_prefill_tokens=t - decodes,
         )
-        return Batch(shape, int(np.count_nonzero(scheduled)), t - decodes, decodes,
+        return Batch(shape, num_seqs, t - decodes, decodes,
                      len(preempted), num_admitted, None if self.swap is None else self.step_swap_s,
                      preempted, self._admitted)
 
