@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from simulator.engine.kvcache import ALLOCATORS
+from simulator.engine.kvcache import ALLOCATORS, allocate_in_order
 from simulator.engine.protocols import KVContext, KVStats, PluginParams
 
 
@@ -45,13 +45,7 @@ class ToyBump:
         return held if num_computed_tokens + num_new_tokens <= held else None
 
     def allocate_slots_many(self, reqs, num_new, num_computed, num_tokens=None):
-        caps = []
-        for req, n, c in zip(reqs, num_new, num_computed):
-            cap = self.allocate_slots(req, n, c)
-            if cap is None:
-                break
-            caps.append(cap)
-        return caps
+        return allocate_in_order(self, reqs, num_new, num_computed)
 
     def free(self, req) -> None:
         self._used -= self._held.pop(req.req_id, 0)

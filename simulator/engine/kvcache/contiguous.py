@@ -17,7 +17,7 @@ from typing import Literal
 
 import numpy as np
 
-from simulator.engine.kvcache import ALLOCATORS
+from simulator.engine.kvcache import ALLOCATORS, allocate_in_order
 from simulator.engine.protocols import KVContext, KVStats, PluginParams
 from simulator.workload.request import Request
 
@@ -91,13 +91,7 @@ class ContiguousAllocator:
     def allocate_slots_many(self, reqs: list[Request], num_new: list[int],
                             num_computed: list[int], num_tokens: list[int] | None = None
                             ) -> list[int]:
-        caps = []
-        for req, n, c in zip(reqs, num_new, num_computed):
-            cap = self.allocate_slots(req, n, c)
-            if cap is None:
-                break
-            caps.append(cap)
-        return caps
+        return allocate_in_order(self, reqs, num_new, num_computed)
 
     def free(self, req: Request) -> None:
         region = self.req_to_region.pop(req.req_id, None)

@@ -49,7 +49,7 @@ from typing import Any
 
 from pydantic import field_validator
 
-from simulator.engine.kvcache import ALLOCATORS
+from simulator.engine.kvcache import ALLOCATORS, allocate_in_order
 from simulator.engine.kvcache.block_pool import BlockPool
 from simulator.engine.protocols import KVContext, KVStats, PluginParams
 from simulator.hardware.kv_spec import KVCacheLayout, LayerKVSpec, cdiv
@@ -245,13 +245,7 @@ class HybridAllocator:
     def allocate_slots_many(self, reqs: list[Request], num_new: list[int],
                             num_computed: list[int], num_tokens: list[int] | None = None
                             ) -> list[int]:
-        caps = []
-        for req, n, c in zip(reqs, num_new, num_computed):
-            cap = self.allocate_slots(req, n, c)
-            if cap is None:
-                break
-            caps.append(cap)
-        return caps
+        return allocate_in_order(self, reqs, num_new, num_computed)
 
     def free(self, req: Request) -> None:
         """Each group's blocks back to the pool, tail first, group after group (vLLM's
