@@ -140,10 +140,8 @@ def main(args: argparse.Namespace) -> int:
     if args.trace_steps:
         from simulator.engine.steptrace import StepTrace
         trace = StepTrace()
-    shown = []
 
-    def on_setup(setup) -> None:
-        shown.append(setup)
+    def on_setup(setup) -> None:  # run() calls it before any simulation work, clusters included
         if not args.quiet:
             print_setup(out_console, setup)
     try:
@@ -156,8 +154,6 @@ def main(args: argparse.Namespace) -> int:
     if args.quiet:
         print(out)
         return 0
-    if not shown:  # NOTE: an engine whose run() does not call on_setup (clusters, before the merge)
-        print_setup(out_console, result.setup)
     print_summary(out_console, result.summary)
     its = "iterations.parquet, " if args.iterations else ""
     out_console.print(f"wrote {out}/summary.json, requests.parquet, {its}config.yaml, "
