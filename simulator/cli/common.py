@@ -22,6 +22,15 @@ from simulator.errors import ConfigError
 PIPE_WIDTH = 200  # columns of a console that is not a terminal (logs, pipes, CI)
 
 
+def add_worker_args(p: argparse.ArgumentParser) -> None:
+    """--workers / --backend / --address: how sweep and plan run their simulations."""
+    p.add_argument("--workers", type=int, default=1, metavar="K", help="parallel workers (default 1)")
+    p.add_argument("--backend", default="local", choices=["local", "ray"],
+                   help="local (process pool, default) or ray")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster address (host:port); default: a local Ray instance")
+
+
 def make_console(stderr: bool = False):
     """A rich Console. On a terminal it follows the terminal's width; piped or logged it is
     PIPE_WIDTH wide and never wraps a plain line (rich's own default there is 80 columns)."""

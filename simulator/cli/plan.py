@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from simulator.cli.common import check_out_dir, make_console
+from simulator.cli.common import add_worker_args, check_out_dir, make_console
 from simulator.errors import ConfigError, did_you_mean
 
 # for --help only: analysis.plan.SLO_FIELDS validates (tests/test_cli_help.py keeps the two in step)
@@ -55,11 +55,7 @@ def register(sub, help: str) -> None:
                    help="requests in the confirming cluster simulation (default 1500)")
     p.add_argument("--router", default="least_outstanding",
                    help="router of the cluster check (default least_outstanding)")
-    p.add_argument("--workers", type=int, default=1, metavar="K", help="parallel workers (default 1)")
-    p.add_argument("--backend", default="local", choices=["local", "ray"],
-                   help="local (process pool, default) or ray")
-    p.add_argument("--address", default=None,
-                   help="Ray cluster address (host:port); default: a local Ray instance")
+    add_worker_args(p)
     p.add_argument("--no-confirm", action="store_true", help="skip the cluster simulation")
     p.add_argument("--out", default="runs/plan", metavar="DIR", help="output directory (default runs/plan)")
     p.add_argument("--quiet", action="store_true", help="print only the output directory")

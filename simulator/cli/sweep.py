@@ -13,7 +13,7 @@ import argparse
 import time
 from pathlib import Path
 
-from simulator.cli.common import check_out_dir, make_console
+from simulator.cli.common import add_worker_args, check_out_dir, make_console
 from simulator.errors import ConfigError, did_you_mean
 
 DESCRIPTION = """Run a grid of configs - the cartesian product of every --grid axis (any key that
@@ -43,11 +43,7 @@ def register(sub, help: str) -> None:
                    help="override a base config field for every point")
     p.add_argument("--seeds", type=int, default=None, metavar="N",
                    help="seeds per point (seed, seed+1, ...); > 1 adds 95%% intervals")
-    p.add_argument("--workers", type=int, default=1, metavar="K", help="parallel workers (default 1)")
-    p.add_argument("--backend", default="local", choices=["local", "ray"],
-                   help="local (process pool, default) or ray")
-    p.add_argument("--address", default=None,
-                   help="Ray cluster address (host:port); default: a local Ray instance")
+    add_worker_args(p)
     p.add_argument("--out", default="runs/sweep", metavar="DIR", help="output directory (default runs/sweep)")
     p.add_argument("--retry-failed", action="store_true", help="rerun points recorded as errors")
     p.add_argument("--metric", default="latency_s.ttft.p99", help="metric to plot (a table column)")
