@@ -177,6 +177,10 @@ def test_expert_parallel_is_free_at_one_gpu_and_dp_one():
     want = 2 * (p.allreduce_latency_s + 0.5 * 2 * 2048 * 2048 * 2 / (900e9 * p.allreduce_bus_eff))
     assert comm[3] == pytest.approx(want, rel=1e-12)
     assert ep16.step_time(shapes[1]) > ep8.step_time(shapes[1])
+    # over dp ranks each rank runs its E/ep experts on all dp x T gathered tokens
+    tp16 = CostModel(m, gpu, tp=16, max_tokens=2048, enable_expert_parallel=True)
+    t = np.array([64.0])
+    assert ep16._moe_mlp(t)["mlp_down_proj"] == tp16._moe_mlp(2 * t)["mlp_down_proj"]
     assert "expert-parallel" in ep8.describe()
     # a dense model ignores the flag (vLLM: EP applies to MoE layers only)
     assert cost("llama-3.1-8b", tp=2, enable_expert_parallel=True).extrapolated_terms == ()

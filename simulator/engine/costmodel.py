@@ -65,6 +65,33 @@ Per layer, per tensor-parallel shard. The operator names are those of the measur
        step   = max(cpu, device) + async_exposed_s         async scheduling (vLLM 0.33's default):
                 the host prepares step n+1 while the GPU runs step n.
 
+7. Models of 2025-26 (issue 15; docs/models.md "Cost terms"). No kernel of these was measured
+   here: describe() flags each term a model uses as extrapolated; a dense bf16 full-attention
+   model takes none of them (its tables and step are the forms above, bit for bit).
+   - MoE layers: T tokens pick top-k of E routed experts, E * (1 - (1 - k/E)^T) distinct experts
+     expected (k at T = 1), T*k/that rows each, run as one grouped GEMM (vLLM's fused_moe is one
+     kernel) at moe_intermediate_size; shared experts dense over T; the router GEMM T x hidden @
+     hidden x E (16-bit, replicated); dense layers (first_k_dense_replace) at intermediate_size.
+   - Expert parallelism (--enable-expert-parallel, ep = tp x dp ranks): each rank holds E/ep
+     whole experts. At dp = 1 the TP all-reduce combines them (no extra traffic: FusedMoE uses
+     all-to-all kernels only when dp > 1); at dp > 1 every MoE layer all-gathers the dp ranks'
+     T x hidden activations and reduce-scatters the outputs (vLLM 0.33's default all2all_backend
+     allgather_reducescatter), each latency + (dp-1) * T * hidden * bytes / (link * bus_eff),
+     and the experts run on all dp x T tokens.
+   - MLA (DeepSeek-V3, Kimi-K2; vllm/model_executor/layers/attention/mla_attention.py): GEMMs
+     fused_qkv_a (replicated) + q_b + W_UK, and W_UV + o_proj; attention reads one latent of
+     kv_lora_rank + qk_rope_head_dim per token, replicated on every TP rank; decode-only steps
+     compute as forward_mqa (per head and pair 2 (Lkv + R) + 2 Lkv FLOPs), steps with a
+     prefill as forward_mha (2 (P + R) + 2 V).
+   - Sliding-window / chunked local layers read StepShape.window_kv_tokens entries (the
+     scheduler's sum of min(c + n, window)) and compute at most T * window pairs; the full
+     layers keep kv_tokens and attn_pairs. Chunked attention is costed as a window of the chunk
+     size (an upper bound: it reads only the current chunk).
+   - KV cache reads at the KV dtype's bytes (fp8: 1). GEMMs of quantized weights: at the GPU's
+     fp8 / fp4 peak (peak_tflops.fp8 / fp4, GpuSpec.compute_dtype) with operands of the format's
+     bytes per weight where the GPU has that peak, else 16-bit tiles streaming the packed
+     weights (w4a16, mxfp4 / nvfp4 on Hopper, fp8 on Ampere). mxfp4 quantizes only the experts.
+
 Invariants: step_time is 0 for T = 0 and non-decreasing in each of T, S, P, K, num_seqs;
 per-shard compute (linear ops and attention) is non-increasing in tp; the per-token tables are
 built once per (model, GPU, tp), so step_time is scalar Python arithmetic on the simulator's
@@ -596,8 +623,12 @@ class CostModel:
         EP gives each rank E/ep whole experts (vLLM FusedMoE), shared experts stay TP."""
         m, p, dims = self.model, self.params, self._dims
         e, k, h, d = m.num_experts, m.experts_per_token, m.hidden_size, dims.dtype_bytes
-        hit = 1.0 - (1.0 - k / e) ** t  # the chance one expert is hit by T tokens
-        rows = t * k  # token-expert pairs
+        # NOTE: with EP over dp > 1 ranks every rank runs its experts on the tokens of all dp
+        # ranks (all-gathered, expert_comm_time_per_layer); the others are assumed to run
+        # batches like this one, dp * T tokens in all
+        routed = t * self.data_parallel_size if self.ep_size > self.tp else t
+        hit = 1.0 - (1.0 - k / e) ** routed  # the chance one expert is hit by the tokens
+        rows = routed * k  # token-expert pairs
         per_expert = np.where(hit > 0, rows / np.maximum(e * hit, 1e-9), 0.0)
         if self.expert_parallel:
             local, width = e / self.ep_size, float(m.expert_intermediate_size)
