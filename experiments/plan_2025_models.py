@@ -150,12 +150,19 @@ def _paragraph(model: str, res: dict[str, Any], rate: float) -> str:
         lines.append(f"{r.candidate} cannot serve it: {_short(r.note)}.")
     if len(ok):
         best = ok.iloc[0]
-        per_rate = ", ".join(f"{r.candidate} {r.cost_per_hour / r.max_rate_per_replica / r.replicas:.2f}"
+        # a row the search capped at the target rate sustains at least that: its $/h per req/s is a bound
+        per_rate = ", ".join(f"{r.candidate} {'<= ' if 'capped' in r.note else ''}"
+                             f"{r.cost_per_hour / r.max_rate_per_replica / r.replicas:.2f}"
                              for _, r in ok.iterrows())
         lines.append(f"Cheapest at {rate:g} req/s: **{best.candidate}**, {int(best.replicas)} replica(s), "
                      f"{int(best.gpus)} GPUs, {best.cost_per_hour:.2f} $/h. $/h per req/s one replica "
                      f"sustains: {per_rate} - the price per GPU-hour (profile defaults) weighs as much "
                      "as the speed.")
+        if res["ep"] and (ok.replicas.astype(float) > 1).any():
+            lines.append("With expert parallelism kvsim's replicas form one data-parallel group (vLLM's "
+                         "--data-parallel-size N --enable-expert-parallel): the experts spread over all "
+                         "N x TP GPUs and every MoE layer all-gathers the N ranks' tokens, so a cluster of N "
+                         "is not N copies of the probed replica; the confirmed count is the one to read.")
     return " ".join(lines)
 
 
@@ -178,10 +185,13 @@ def main(argv=None) -> int:
         figures += [f"*{model_facts(model)['spec'].name}{ep}*", "", *md_table(header, _rows(model, res)), ""]
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4))
     for ax, (model, res) in zip(axes, results.items()):
-        ok = res["table"][res["table"].status == "ok"]
-        ax.barh(ok.candidate, ok.cost_per_hour, color="tab:blue")
-        for y, (_, r) in enumerate(ok.iterrows()):
-            ax.text(r.cost_per_hour, y, f" {int(r.gpus)} GPUs", va="center", fontsize=8)
+        t = res["table"]
+        cost = t.cost_per_hour.where(t.status == "ok", 0.0).astype(float)
+        ax.barh(t.candidate, cost, color="tab:blue")
+        for y, (_, r) in enumerate(t.iterrows()):
+            label = f" {int(r.gpus)} GPUs" if r.status == "ok" else " infeasible (weights do not fit)" \
+                if "does not fit" in r.note else " infeasible"
+            ax.text(cost.iloc[y], y, label, va="center", fontsize=8)
         ax.set_xlabel(f"$/h at {args.rate:g} req/s")
         ax.set_title(model_facts(model)["spec"].name, fontsize=10)
         ax.invert_yaxis()
@@ -194,7 +204,7 @@ def main(argv=None) -> int:
         "measured kernels (the run output flags them as extrapolated), and H200, B200 and MI300X carry "
         "parameters extrapolated from the H100 fit: read the per-replica rates as first-principles "
         "estimates; the memory figures (weights, KV tokens, max concurrency) are vLLM 0.33's own math "
-        "(tests/test_parity.py).")
+        "(tests/test_kv_layout.py compares them with vLLM's functions).")
     feasible = all((r["table"].status == "ok").any() for r in results.values())
     write_page(NAME, "Capacity plans for DeepSeek-V3, Qwen3-235B-A22B and gpt-oss-120b", claim=CLAIM,
                reproduce=f"kvsim experiment {NAME} --rate {args.rate:g} --requests {args.requests}",
