@@ -244,7 +244,8 @@ def test_graph_padding_eager_and_async():
 @settings(max_examples=60, deadline=None)
 @given(gpu=st.sampled_from(GPUS), model=st.sampled_from(MODELS), asyn=st.booleans(), eager=st.booleans(),
        rows=st.lists(st.tuples(st.integers(0, 3000), st.integers(0, 300), st.floats(0, 1e7),
-                               st.integers(0, 200000), st.integers(0, 300), st.integers(-1, 3000)),
+                               st.integers(0, 200000), st.integers(0, 300), st.integers(-1, 3000),
+                               st.integers(-1, 200000)),  # window_kv_tokens (ignored: no window)
                      min_size=1, max_size=20))
 def test_step_times_equals_step_time(gpu, model, asyn, eager, rows):
     cm = CostModel(get_model(model), get_gpu(gpu), max_tokens=1024, async_scheduling=asyn,

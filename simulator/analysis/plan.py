@@ -15,7 +15,9 @@ For each candidate (GPU, TP):
    fit, or even r_min misses the SLO);
 4. replicas = ceil(target / max rate); cost $/h = replicas x TP x price ($/GPU-hour from the
    GPU profile, or --price); $ per million output tokens = $/h / (target x mean output
-   tokens x 3600) x 1e6. Candidates are ranked by $/h (infeasible last).
+   tokens x 3600) x 1e6. Candidates are ranked by $/h (infeasible last). Each row also carries
+   the replica's memory plan (MEMORY_COLUMNS: weights and KV cache per GPU, KV tokens, max
+   concurrency), empty where the model does not fit.
 Then the ranking is confirmed by cluster simulations at the target rate (least_outstanding
 router): for a candidate, start from its replica count, add replicas while the SLO is
 missed, remove while one fewer still meets it (reporting N and N - 1); candidates are
@@ -81,6 +83,24 @@ def _ms(x: float | None) -> str:
         return "-"
     ms = x * 1e3
     return f"{ms:,.0f} ms" if ms >= 100 else f"{ms:.3g} ms"
+
+
+# what one replica's memory plan gives (None where the model does not fit)
+MEMORY_COLUMNS = ("weights_gib_per_gpu", "kv_cache_gib_per_gpu", "kv_tokens_per_replica", "max_concurrency")
+
+
+def replica_memory(setup: Any) -> dict[str, float]:
+    """MEMORY_COLUMNS of one replica from its engine Setup: weights on the fullest GPU, the KV
+    cache budget per GPU, vLLM's "GPU KV cache size" in tokens and its maximum concurrency at
+    max_model_len."""
+    from simulator.hardware.gpus import GIB
+
+    m, max_len = setup.memory, setup.engine.max_model_len
+    tokens = m.capacity_tokens if m.capacity_tokens is not None else m.max_tokens
+    concurrency = m.max_concurrency if m.max_concurrency is not None else m.max_tokens / max_len
+    return {"weights_gib_per_gpu": m.weights_bytes / GIB, "kv_cache_gib_per_gpu": m.kv_budget_bytes / GIB,
+            "kv_tokens_per_replica": int(tokens),
+            "max_concurrency": float(concurrency)}
 
 
 @dataclass(frozen=True)
@@ -229,7 +249,7 @@ class Planner:
         for c in cands:  # a model that does not fit is infeasible at any rate
             try:
                 from simulator.engine.run import setup
-                setup(from_dict(self.probe_data(c, s.r_min, 0)))
+                state[c]["memory"] = replica_memory(setup(from_dict(self.probe_data(c, s.r_min, 0))))
             except ConfigError as e:
                 state[c].update(next=None, reason=str(e))
         while True:
@@ -277,7 +297,8 @@ class Planner:
             r = st["lo"]
             price = self.price(c.gpu)
             row = {"candidate": c.name, "gpu": get_gpu(c.gpu).name, "tp": c.tp,
-                   "price_per_gpu_hour": price, "max_rate_per_replica": r if r > 0 else None}
+                   "price_per_gpu_hour": price, "max_rate_per_replica": r if r > 0 else None,
+                   **dict.fromkeys(MEMORY_COLUMNS), **st.get("memory", {})}
             if r > 0:
                 n = math.ceil(self.s.target_rate / r - 1e-9)
                 cost = n * c.tp * price

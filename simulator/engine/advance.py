@@ -50,16 +50,18 @@ class DecodeRun:
 _STEP_TIME = CostModel.step_time
 
 
-def decode_step_times(cost: CostModel, m: int, pairs: np.ndarray, kv_tokens: np.ndarray
-                      ) -> np.ndarray:
-    """CostModel.step_time(StepShape(m, m, pairs[j], kv_tokens[j], m, 0)) for every j: the cost
-    model's own vectorized step_times (element-wise equal to step_time, tests/test_costmodel.py);
-    every step of a decode run is a pure decode of the m running requests."""
+def decode_step_times(cost: CostModel, m: int, pairs: np.ndarray, kv_tokens: np.ndarray,
+                      window_kv_tokens: np.ndarray | int = -1) -> np.ndarray:
+    """CostModel.step_time(StepShape(m, m, pairs[j], kv_tokens[j], m, 0, window_kv_tokens[j]))
+    for every j: the cost model's own vectorized step_times (element-wise equal to step_time,
+    tests/test_costmodel.py); every step of a decode run is a pure decode of the m running
+    requests (window_kv_tokens: -1, not given, unless the model has sliding-window layers)."""
     if type(cost).step_time is not _STEP_TIME:
         step_time = cost.step_time
-        return np.array([step_time(StepShape(m, m, p, k, m, 0))
-                         for p, k in zip(pairs.tolist(), kv_tokens.tolist())], np.float64)
-    return cost.step_times(m, m, pairs, kv_tokens, m, 0)
+        windows = np.broadcast_to(window_kv_tokens, kv_tokens.shape).tolist()
+        return np.array([step_time(StepShape(m, m, p, k, m, 0, w))
+                         for p, k, w in zip(pairs.tolist(), kv_tokens.tolist(), windows)], np.float64)
+    return cost.step_times(m, m, pairs, kv_tokens, m, 0, window_kv_tokens)
 
 
 def exact_delay(now: float, target: float) -> float | None:

@@ -167,7 +167,9 @@ def setup(config: SimConfig) -> Setup:
             "hybrid", {**layout_params(memory.kv_layout, engine.max_num_batched_tokens), **user},
             "engine.kv_allocator_params"), eviction, queue, router)
     cost = CostModel(model, gpu, engine.tensor_parallel_size, engine.max_num_batched_tokens,
-                     max_num_seqs=engine.max_num_seqs)
+                     max_num_seqs=engine.max_num_seqs, kv_cache_dtype=eng.kv_cache_dtype,
+                     quantization=eng.quantization, enable_expert_parallel=eng.enable_expert_parallel,
+                     data_parallel_size=cluster.replicas)
     return Setup(config, model, gpu, engine, memory, cost, params, cluster, backend, allocator)
 
 
@@ -209,7 +211,8 @@ class KvsimBackend:
         return Scheduler(kv, queue, BATCHING_MODES.get(eng.scheduler)(),
                          max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
                          chunked_prefill=eng.enable_chunked_prefill, swap=swap,
-                         reserve_full_isl=eng.scheduler_reserve_full_isl, vectorized=vectorized)
+                         reserve_full_isl=eng.scheduler_reserve_full_isl, vectorized=vectorized,
+                         window_tokens=s.cost.window_tokens)
 
     def lines(self) -> list[str]:
         return []

@@ -65,6 +65,33 @@ Per layer, per tensor-parallel shard. The operator names are those of the measur
        step   = max(cpu, device) + async_exposed_s         async scheduling (vLLM 0.33's default):
                 the host prepares step n+1 while the GPU runs step n.
 
+7. Models of 2025-26 (issue 15; docs/models.md "Cost terms"). No kernel of these was measured
+   here: describe() flags each term a model uses as extrapolated; a dense bf16 full-attention
+   model takes none of them (its tables and step are the forms above, bit for bit).
+   - MoE layers: T tokens pick top-k of E routed experts, E * (1 - (1 - k/E)^T) distinct experts
+     expected (k at T = 1), T*k/that rows each, run as one grouped GEMM (vLLM's fused_moe is one
+     kernel) at moe_intermediate_size; shared experts dense over T; the router GEMM T x hidden @
+     hidden x E (16-bit, replicated); dense layers (first_k_dense_replace) at intermediate_size.
+   - Expert parallelism (--enable-expert-parallel, ep = tp x dp ranks): each rank holds E/ep
+     whole experts. At dp = 1 the TP all-reduce combines them (no extra traffic: FusedMoE uses
+     all-to-all kernels only when dp > 1); at dp > 1 every MoE layer all-gathers the dp ranks'
+     T x hidden activations and reduce-scatters the outputs (vLLM 0.33's default all2all_backend
+     allgather_reducescatter), each latency + (dp-1) * T * hidden * bytes / (link * bus_eff),
+     and the experts run on all dp x T tokens.
+   - MLA (DeepSeek-V3, Kimi-K2; vllm/model_executor/layers/attention/mla_attention.py): GEMMs
+     fused_qkv_a (replicated) + q_b + W_UK, and W_UV + o_proj; attention reads one latent of
+     kv_lora_rank + qk_rope_head_dim per token, replicated on every TP rank; decode-only steps
+     compute as forward_mqa (per head and pair 2 (Lkv + R) + 2 Lkv FLOPs), steps with a
+     prefill as forward_mha (2 (P + R) + 2 V).
+   - Sliding-window / chunked local layers read StepShape.window_kv_tokens entries (the
+     scheduler's sum of min(c + n, window)) and compute at most T * window pairs; the full
+     layers keep kv_tokens and attn_pairs. Chunked attention is costed as a window of the chunk
+     size (an upper bound: it reads only the current chunk).
+   - KV cache reads at the KV dtype's bytes (fp8: 1). GEMMs of quantized weights: at the GPU's
+     fp8 / fp4 peak (peak_tflops.fp8 / fp4, GpuSpec.compute_dtype) with operands of the format's
+     bytes per weight where the GPU has that peak, else 16-bit tiles streaming the packed
+     weights (w4a16, mxfp4 / nvfp4 on Hopper, fp8 on Ampere). mxfp4 quantizes only the experts.
+
 Invariants: step_time is 0 for T = 0 and non-decreasing in each of T, S, P, K, num_seqs;
 per-shard compute (linear ops and attention) is non-increasing in tp; the per-token tables are
 built once per (model, GPU, tp), so step_time is scalar Python arithmetic on the simulator's
@@ -87,9 +114,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from simulator.errors import ConfigError, did_you_mean
+from simulator.hardware.dtypes import kv_cache_dtype_bytes
 from simulator.hardware.gpus import GpuSpec
 from simulator.hardware.memory import kv_heads_per_gpu
-from simulator.hardware.models import ModelSpec
+from simulator.hardware.models import CHUNKED, FULL, SLIDING, ModelSpec
 
 # Measured per-layer operators, in the order of the kernel data (the layer-time sum runs over these).
 LAYER_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
@@ -118,7 +146,7 @@ SPLIT_K_PARTIAL_BYTES = 4  # split-K partial sums are fp32, written by the GEMM,
 
 class StepShape(NamedTuple):
     """One step's batch, as the scheduler sums it (module docstring). Built positionally in
-    engine/scheduling/scheduler.py; the last two fields are optional (defaults: not given)."""
+    engine/scheduling/scheduler.py; the last three fields are optional (defaults: not given)."""
 
     num_tokens: int
     num_sampled: int
@@ -126,6 +154,10 @@ class StepShape(NamedTuple):
     kv_tokens: int
     num_seqs: int = 0  # requests scheduled this step; 0 = not given
     num_prefill_tokens: int = -1  # tokens of requests that are not a one-token decode; -1 = not given
+    # sum over scheduled requests of min(c + n, window): the KV entries a sliding-window (or
+    # chunked local) layer reads; -1 = not given -> kv_tokens. The scheduler fills it only for
+    # models with such layers (CostModel.window_tokens > 0).
+    window_kv_tokens: int = -1
 
 
 class Chip(NamedTuple):
@@ -412,14 +444,22 @@ class CostModel:
     Engine settings the per-step overhead needs (keyword arguments, vLLM's defaults):
     max_num_seqs (CUDA-graph capture sizes), enforce_eager (no graphs), async_scheduling
     (host work overlaps the GPU; off: the engine schedules synchronously), overhead (constants).
+    Storage and parallelism settings of the model terms (module docstring, item 7):
+    kv_cache_dtype (vLLM's --kv-cache-dtype), quantization (--quantization; None: the
+    checkpoint's format), enable_expert_parallel and data_parallel_size (the EP group is
+    tp x dp ranks, vLLM's rule).
     """
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int = 1, max_tokens: int = 8192,
                  params: CostParams | None = None, *, max_num_seqs: int = 256,
                  enforce_eager: bool = False, async_scheduling: bool = False,
-                 overhead: StepOverhead | None = None) -> None:
+                 overhead: StepOverhead | None = None, kv_cache_dtype: str = "auto",
+                 quantization: str | None = None, enable_expert_parallel: bool = False,
+                 data_parallel_size: int = 1) -> None:
         if not isinstance(tp, int) or tp < 1:
             raise ConfigError(f"tensor_parallel_size must be a positive integer, got {tp!r}")
+        if not isinstance(data_parallel_size, int) or data_parallel_size < 1:
+            raise ConfigError(f"data_parallel_size must be a positive integer, got {data_parallel_size!r}")
         self.model, self.gpu, self.tp = model, gpu, tp
         self.params = params or CostParams.from_gpu(gpu)
         status = (gpu.calibration or {}).get("status", "measured" if gpu.calibration else None)
@@ -432,14 +472,33 @@ class CostModel:
         self._dims = ShardDims.of(model, tp)
         p = self.params
         d = model.dtype_bytes
+        self._formats(kv_cache_dtype, quantization, enable_expert_parallel, data_parallel_size)
         # attention constants per layer per shard
         heads = model.num_heads / tp
-        self._attn_flops_c = 4.0 * heads * model.head_dim / (self._peak * p.attn_compute_eff)
         mem_c = 1.0 / (self._bw * p.attn_bandwidth_eff)
-        self._kv_c = 2 * kv_heads_per_gpu(model, tp) * model.head_dim * d * mem_c
-        self._q_c = 2 * heads * model.head_dim * d * mem_c  # q in + out
+        kvb = self.kv_dtype_bytes
+        if model.is_mla:  # item 7: prefill as forward_mha, decode as forward_mqa over the latent
+            lat, rope = model.kv_lora_rank, model.qk_rope_head_dim
+            flops_c = 1.0 / (self._peak * p.attn_compute_eff)
+            self._attn_flops_c = heads * (2.0 * model.head_dim + 2.0 * model.v_head_dim) * flops_c
+            self._attn_flops_decode_c = heads * (2.0 * (lat + rope) + 2.0 * lat) * flops_c
+            self._kv_c = (lat + rope) * kvb * mem_c  # one latent per token, read whole on every rank
+            self._q_c = heads * (2 * lat + rope) * d * mem_c  # absorbed q in, latent-wide out
+        else:
+            self._attn_flops_c = 4.0 * heads * model.head_dim / (self._peak * p.attn_compute_eff)
+            self._attn_flops_decode_c = self._attn_flops_c
+            self._kv_c = 2 * kv_heads_per_gpu(model, tp) * model.head_dim * kvb * mem_c
+            self._q_c = 2 * heads * model.head_dim * d * mem_c  # q in + out
         self._attn_o = p.attn_overhead_s
         self._layers = model.num_layers
+        # sliding-window / chunked local layers read at most the window (item 7)
+        kinds = model.attention_types
+        windows = [w for kind, w in ((SLIDING, model.sliding_window), (CHUNKED, model.attention_chunk_size))
+                   if kind in kinds and w]
+        self.window_tokens: int = max(windows) if windows else 0  # 0: no windowed layers
+        self._layers_window = sum(kind != FULL for kind in kinds) if windows else 0
+        self._layers_full = self._layers - self._layers_window
+        self._ext = model.is_mla or self._layers_window > 0  # attention beyond the plain form
         # per-step overhead (module docstring, item 6)
         o = self.overhead = overhead or StepOverhead()
         self.async_scheduling = bool(async_scheduling)
@@ -461,29 +520,137 @@ class CostModel:
         self._by_sampled: list[float] = []
         self._tabulate(max_tokens)
 
+    def _formats(self, kv_cache_dtype: str, quantization: str | None, enable_expert_parallel: bool,
+                 data_parallel_size: int) -> None:
+        """Storage formats and expert parallelism (item 7), and the terms they flag."""
+        m, gpu = self.model, self.gpu
+        self.kv_dtype_bytes = kv_cache_dtype_bytes(kv_cache_dtype, m.dtype_bytes)
+        fmt = self.weight_format = m.weight_format(quantization)
+        self._quantized = fmt.bytes_per_weight is not None
+        self._q_linear = self._quantized and fmt.scope == "linear"  # attention + dense MLPs too
+        self.compute_dtype = gpu.compute_dtype(fmt.compute) if self._quantized else "bf16"
+        self._q_chip = (Chip(gpu.peak_flops(self.compute_dtype), self.chip.bandwidth, self.chip.num_sms)
+                        if self.compute_dtype != "bf16" else None)
+        self.expert_parallel = bool(enable_expert_parallel) and m.is_moe
+        self.data_parallel_size = data_parallel_size
+        self.ep_size = self.tp * data_parallel_size if self.expert_parallel else 1
+        self._plain = not (m.is_moe or m.is_mla or self._quantized)  # the measured form only
+        kinds = set(m.attention_types)
+        terms = [name for name, used in (
+            ("MoE", m.is_moe), ("MLA", m.is_mla), ("sliding-window", SLIDING in kinds),
+            ("chunked-attention", CHUNKED in kinds),
+            (f"{kv_cache_dtype} KV", self.kv_dtype_bytes != m.dtype_bytes),
+            (f"{fmt.name} weights ({self.compute_dtype} GEMMs)", self._quantized),
+            ("expert-parallel", self.expert_parallel)) if used]
+        self.extrapolated_terms: tuple[str, ...] = tuple(terms)
+
     # --- tables over T (linear ops, all-reduces, embedding) and S (LM head + sampler) -------
     def linear_time_per_layer(self, t: Any) -> np.ndarray:
-        """Seconds for one layer's GEMMs + element-wise ops at T tokens, per shard (no all-reduce)."""
-        m = self.model
+        """Seconds for one layer's GEMMs + element-wise ops at T tokens, per shard (no
+        all-reduce); the mean over the layers where they differ (MoE and dense layers)."""
         t = np.asarray(t, dtype=np.float64)
+        if self._plain:
+            times = op_times(self._dims, t, self.chip, self.params)
+            return sum((times[op] for op in LAYER_OPS), np.zeros_like(t))
+        return self._layers_sum(t) / self._layers
+
+    def _layers_sum(self, t: np.ndarray) -> np.ndarray:
+        """GEMMs + element-wise ops of every layer at T tokens: dense and MoE layers."""
+        m = self.model
+        total = np.zeros_like(t)
+        num_moe = m.num_moe_layers
+        for count, moe in ((m.num_layers - num_moe, False), (num_moe, True)):
+            if count:
+                times = self._layer_ops(t, moe)
+                total = total + count * sum((times[op] for op in LAYER_OPS), np.zeros_like(t))
+        return total
+
+    def _layer_ops(self, t: np.ndarray, moe: bool) -> dict[str, np.ndarray]:
+        """LAYER_OPS seconds of one dense (moe False) or MoE layer at T tokens, per shard."""
         times = op_times(self._dims, t, self.chip, self.params)
-        if m.is_moe:
+        if self._q_linear:
+            for op, (k, n) in self._dims.gemm_shapes().items():
+                times[op] = self._gemm(t, k, n, quantized=True)
+        if self.model.is_mla:
+            times.update(self._mla_ops(t))
+        if moe:
             times.update(self._moe_mlp(t))
-        return sum((times[op] for op in LAYER_OPS), np.zeros_like(t))
+        return times
+
+    def _gemm(self, t: Any, k: Any, n: Any, *, quantized: bool) -> np.ndarray:
+        """A decoder linear layer's GEMM: 16-bit, or in the weight format (item 7): at the
+        GPU's fp8 / fp4 peak with operands of bytes_per_weight (w8a8, w4a4) where it has the
+        peak, else 16-bit tiles streaming the packed weights (w4a16; Marlin-style weight-only)."""
+        p, d = self.params, self._dims.dtype_bytes
+        if not quantized:
+            return gemm_time(t, k, n, d, self.chip, p)
+        w = float(self.weight_format.bytes_per_weight)
+        if self._q_chip is not None:
+            return gemm_time(t, k, n, w, self._q_chip, p)
+        t = np.asarray(t, dtype=np.float64)
+        # NOTE: GemmGeometry moves (K*N + T*(K+N)) * d bytes; weight-only moves K*N*w + T*(K+N)*d,
+        # so the bandwidth (an array over T) is scaled by the ratio: the tiles stay 16-bit
+        scale = (k * n + t * (k + n)) * d / (k * n * w + t * (k + n) * d)
+        return gemm_time(t, k, n, d, Chip(self.chip.peak_flops, self.chip.bandwidth * scale,
+                                          self.chip.num_sms), p)
+
+    def _mla_ops(self, t: np.ndarray) -> dict[str, np.ndarray]:
+        """MLA projections (vLLM 0.33 deepseek_v2.py, mla_attention.py): fused_qkv_a (replicated:
+        hidden -> q_lora_rank + kv_lora_rank + rope) and q_b (column parallel), or q_proj and
+        kv_a without a q low rank; W_UK and W_UV per head (16-bit: split_kv_b_proj dequantizes
+        kv_b_proj; per token the same FLOPs and weights as the prefill's kv_b_proj up-projection
+        of its new tokens); o_proj (row parallel); rope over q_pe and k_pe only."""
+        m, p, d, q = self.model, self.params, self._dims.dtype_bytes, self._q_linear
+        h, heads = m.hidden_size, m.num_heads / self.tp
+        lat, rope, lq = m.kv_lora_rank, m.qk_rope_head_dim, m.q_lora_rank
+        if lq:
+            pre = self._gemm(t, h, lq + lat + rope, quantized=q) + self._gemm(
+                t, lq, heads * m.head_dim, quantized=q)
+        else:
+            pre = self._gemm(t, h, lat + rope, quantized=q) + self._gemm(
+                t, h, heads * m.head_dim, quantized=q)
+        pre = pre + gemm_time(t, m.head_dim - rope, heads * lat, d, self.chip, p)  # W_UK
+        post = gemm_time(t, lat, heads * m.v_head_dim, d, self.chip, p) + self._gemm(  # W_UV, o_proj
+            t, heads * m.v_head_dim, h, quantized=q)
+        rope_t = elementwise_time(t, 2 * (heads * rope + rope), d, self._bw, p.rope_bandwidth_eff,
+                                  p.rope_overhead_s)
+        return {"attn_pre_proj": pre, "attn_post_proj": post, "attn_rope": rope_t}
 
     def _moe_mlp(self, t: np.ndarray) -> dict[str, np.ndarray]:
-        """MLP ops of an MoE layer: tokens pick top-k of E experts; GEMMs over the experts touched."""
+        """MLP ops of an MoE layer (item 7): T tokens pick top-k of E routed experts; GEMMs over
+        the experts touched, E * (1 - (1 - k/E)^T) expected; shared experts dense over T; the
+        router GEMM (16-bit, replicated: vLLM's GateLinear). TP shards every expert's width;
+        EP gives each rank E/ep whole experts (vLLM FusedMoE), shared experts stay TP."""
         m, p, dims = self.model, self.params, self._dims
-        e, k = m.num_experts, m.experts_per_token
-        touched = e * (1.0 - (1.0 - k / e) ** t)  # expected distinct experts hit by T tokens
-        rows = t * k  # token-expert pairs
-        per_expert = np.where(touched > 0, rows / np.maximum(touched, 1e-9), 0.0)
-        shapes = dims.gemm_shapes()
-        d = dims.dtype_bytes
-        up = touched * gemm_time(per_expert, *shapes["mlp_up_proj"], d, self.chip, p)
-        down = touched * gemm_time(per_expert, *shapes["mlp_down_proj"], d, self.chip, p)
-        act = elementwise_time(rows, dims.elementwise_elems()["mlp_act"], d, self._bw,
-                               p.act_bandwidth_eff, p.act_overhead_s)
+        e, k, h, d = m.num_experts, m.experts_per_token, m.hidden_size, dims.dtype_bytes
+        # NOTE: with EP over dp > 1 ranks every rank runs its experts on the tokens of all dp
+        # ranks (all-gathered, expert_comm_time_per_layer); the others are assumed to run
+        # batches like this one, dp * T tokens in all
+        routed = t * self.data_parallel_size if self.ep_size > self.tp else t
+        hit = 1.0 - (1.0 - k / e) ** routed  # the chance one expert is hit by the tokens
+        rows = routed * k  # token-expert pairs
+        per_expert = np.where(hit > 0, rows / np.maximum(e * hit, 1e-9), 0.0)
+        if self.expert_parallel:
+            local, width = e / self.ep_size, float(m.expert_intermediate_size)
+        else:
+            local, width = float(e), m.expert_intermediate_size / self.tp
+        touched = np.where(t > 0, local * hit, local)  # (T = 0: any width; the GEMM is 0 s then)
+        # NOTE: one grouped GEMM over the touched experts (vLLM's fused_moe is one kernel), as one
+        # GEMM of per-expert rows against the experts' weights side by side: touched x N columns.
+        # Its tiles and weight bytes are the experts'; it counts each expert's input rows once.
+        up_n = (1.0 + dims.gated) * width
+        up = self._gemm(per_expert, h, touched * up_n, quantized=self._quantized)
+        down = self._gemm(per_expert, width, touched * h, quantized=self._quantized)
+        act_elems = (2.0 + dims.gated) * width
+        act = elementwise_time(rows * (local / e), act_elems, d, self._bw, p.act_bandwidth_eff,
+                               p.act_overhead_s)
+        up = up + gemm_time(t, h, e, d, self.chip, p)  # router
+        if m.num_shared_experts:
+            shared = m.num_shared_experts * m.expert_intermediate_size / self.tp
+            up = up + self._gemm(t, h, (1.0 + dims.gated) * shared, quantized=self._q_linear)
+            down = down + self._gemm(t, shared, h, quantized=self._q_linear)
+            act = act + elementwise_time(t, (2.0 + dims.gated) * shared, d, self._bw, p.act_bandwidth_eff,
+                                         p.act_overhead_s)
         return {"mlp_up_proj": up, "mlp_down_proj": down, "mlp_act": act}
 
     def allreduce_time_per_layer(self, t: Any) -> np.ndarray:
@@ -491,14 +658,34 @@ class CostModel:
         nbytes = np.asarray(t, dtype=np.float64) * self.model.hidden_size * self.model.dtype_bytes
         return 2.0 * np.where(nbytes > 0, allreduce_time(nbytes, self.tp, self._link, self.params), 0.0)
 
+    def expert_comm_time_per_layer(self, t: Any) -> np.ndarray:
+        """Dispatch + combine of one MoE layer across the data-parallel ranks of the EP group
+        (item 7): vLLM 0.33's default all2all_backend allgather_reducescatter all-gathers the
+        dp ranks' T * hidden activations and reduce-scatters the outputs, each a ring of
+        latency + (dp-1)/dp * dp*T*hidden*bytes / (link * allreduce_bus_eff). Zero without EP
+        or at dp = 1 (FusedMoE uses all-to-all kernels only when dp > 1; the TP all-reduce,
+        already counted, combines the experts)."""
+        t = np.asarray(t, dtype=np.float64)
+        dp = self.data_parallel_size
+        if self.ep_size <= self.tp:
+            return np.zeros_like(t)
+        p = self.params
+        nbytes = dp * t * self.model.hidden_size * self.model.dtype_bytes
+        one = p.allreduce_latency_s + (dp - 1) / dp * nbytes / (self._link * p.allreduce_bus_eff)
+        return np.where(t > 0, 2.0 * one, 0.0)
+
     def per_step_time(self, t: Any) -> np.ndarray:
         """Seconds at T tokens that attention does not depend on: layers x (linear + all-reduce)
-        + embedding (+ its all-reduce)."""
+        (+ MoE layers x expert dispatch/combine) + embedding (+ its all-reduce)."""
         t = np.asarray(t, dtype=np.float64)
         emb = op_times(self._dims, t, self.chip, self.params)["emb"]
         emb_ar = 0.5 * self.allreduce_time_per_layer(t)
-        layer = self.linear_time_per_layer(t) + self.allreduce_time_per_layer(t)
-        return self._layers * layer + emb + emb_ar
+        if self._plain:
+            layer = self.linear_time_per_layer(t) + self.allreduce_time_per_layer(t)
+            return self._layers * layer + emb + emb_ar
+        layers = (self._layers_sum(t) + self._layers * self.allreduce_time_per_layer(t)
+                  + self.model.num_moe_layers * self.expert_comm_time_per_layer(t))
+        return layers + emb + emb_ar
 
     def lm_head_time(self, s: Any) -> np.ndarray:
         m = self.model
@@ -526,15 +713,19 @@ class CostModel:
     # --- one step ------------------------------------------------------------------------
     def step_time(self, shape: StepShape) -> float:
         """Seconds for one iteration. Scalar Python arithmetic: this is on the hot path."""
-        t, s, pairs, kv, seqs, prefill = shape
+        t, s, pairs, kv, seqs, prefill, window_kv = shape
         if t <= 0:
             return 0.0
         if t >= self._num_rows or s >= self._num_rows:  # grow the tables (rare)
             self._tabulate(max(t, s, 2 * (self._num_rows - 1)))
-        attn = pairs * self._attn_flops_c
-        mem = kv * self._kv_c + t * self._q_c
-        if mem > attn:
-            attn = mem
+        if self._ext:
+            attn = self._attention(t, s, pairs, kv, prefill, window_kv)
+        else:
+            attn = pairs * self._attn_flops_c
+            mem = kv * self._kv_c + t * self._q_c
+            if mem > attn:
+                attn = mem
+            attn = self._layers * attn
         if t <= self._max_graph:  # a CUDA graph padded to the next capture size
             gpu = self._by_tokens[self._pad[t]]
             if (prefill == 0) if prefill >= 0 else (t == s):  # decode-only: one full graph
@@ -544,7 +735,7 @@ class CostModel:
         else:
             gpu = self._by_tokens[t]
             launch = self._launch_eager
-        gpu += self._layers * attn + self._attn_o_all + self._by_sampled[s]
+        gpu += attn + self._attn_o_all + self._by_sampled[s]
         if launch > gpu:  # the GPU waits for the launches
             gpu = launch
         cpu = self._cpu_step + self._cpu_seq * (seqs if seqs > 0 else (s if s > 1 else 1)) + self._cpu_tok * t
@@ -552,8 +743,26 @@ class CostModel:
             return (cpu if cpu > gpu else gpu) + self._exposed
         return cpu + gpu
 
+    def _attention(self, t: int, s: int, pairs: float, kv: float, prefill: int, window_kv: float) -> float:
+        """Attention seconds of every layer (no kernel overheads) for an MLA or windowed model
+        (item 7): MLA decode-only steps at the absorbed form's FLOPs; a windowed layer reads
+        window_kv entries (kv_tokens when not given) and computes at most T * window pairs."""
+        decode = (prefill == 0) if prefill >= 0 else (t == s)
+        flops_c = self._attn_flops_decode_c if decode else self._attn_flops_c
+        q = t * self._q_c
+        a = pairs * flops_c
+        m = kv * self._kv_c + q
+        out = self._layers_full * (a if a > m else m)
+        if self._layers_window:
+            cap = t * self.window_tokens
+            a = (pairs if pairs < cap else cap) * flops_c
+            m = (kv if window_kv < 0 else window_kv) * self._kv_c + q
+            out += self._layers_window * (a if a > m else m)
+        return out
+
     def step_times(self, num_tokens: Any, num_sampled: Any, attn_pairs: Any, kv_tokens: Any,
-                   num_seqs: Any = 0, num_prefill_tokens: Any = -1) -> np.ndarray:
+                   num_seqs: Any = 0, num_prefill_tokens: Any = -1, window_kv_tokens: Any = -1
+                   ) -> np.ndarray:
         """step_time over arrays of StepShape fields (broadcast), e.g. k decode steps at once for
         an event-level engine. Equals step_time element-wise."""
         t = np.asarray(num_tokens, dtype=np.int64)
@@ -562,20 +771,30 @@ class CostModel:
         kv = np.asarray(kv_tokens, dtype=np.float64)
         seqs = np.asarray(num_seqs, dtype=np.int64)
         prefill = np.asarray(num_prefill_tokens, dtype=np.int64)
-        t, s, pairs, kv, seqs, prefill = np.broadcast_arrays(t, s, pairs, kv, seqs, prefill)
+        wkv = np.asarray(window_kv_tokens, dtype=np.float64)
+        t, s, pairs, kv, seqs, prefill, wkv = np.broadcast_arrays(t, s, pairs, kv, seqs, prefill, wkv)
         top = int(max(t.max(initial=0), s.max(initial=0)))
         if top >= self._num_rows:
             self._tabulate(max(top, 2 * (self._num_rows - 1)))
         o = self.overhead
         tc = np.clip(t, 0, None)
-        attn = np.maximum(pairs * self._attn_flops_c, kv * self._kv_c + tc * self._q_c)
-        graph = tc <= self._max_graph
         decode_only = np.where(prefill >= 0, prefill == 0, t == s)
+        if self._ext:  # _attention's terms, in its order
+            flops_c = np.where(decode_only, self._attn_flops_decode_c, self._attn_flops_c)
+            q = tc * self._q_c
+            attn = self._layers_full * np.maximum(pairs * flops_c, kv * self._kv_c + q)
+            if self._layers_window:
+                windowed = np.maximum(np.minimum(pairs, tc * self.window_tokens) * flops_c,
+                                      np.where(wkv < 0, kv, wkv) * self._kv_c + q)
+                attn = attn + self._layers_window * windowed
+        else:
+            attn = self._layers * np.maximum(pairs * self._attn_flops_c, kv * self._kv_c + tc * self._q_c)
+        graph = tc <= self._max_graph
         launch = np.where(graph, np.where(decode_only, self._launch_full, self._launch_piecewise),
                           self._launch_eager)
         # NOTE: the additions in step_time's order (`gpu += a + b + c`), so both are bit-equal
         gpu = self._tokens_table[np.where(graph, self._pad_table[tc], tc)] + (
-            self._layers * attn + self._attn_o_all + self._sampled_table[np.clip(s, 0, None)])
+            attn + self._attn_o_all + self._sampled_table[np.clip(s, 0, None)])
         gpu = np.maximum(gpu, launch)
         seqs_used = np.where(seqs > 0, seqs, np.maximum(s, 1))
         cpu = o.cpu_step_s + o.cpu_per_seq_s * seqs_used + o.cpu_per_token_s * tc
@@ -583,7 +802,8 @@ class CostModel:
         return np.where(t > 0, step, 0.0)
 
     def attention_time_per_layer(self, pairs: float, kv_tokens: float, t: float) -> float:
-        """Attention seconds for one layer (the term step_time uses), for checks and docs."""
+        """Attention seconds for one full-attention layer of a step with a prefill (the term
+        step_time uses; MLA decode-only steps and windowed layers: `_attention`)."""
         if t <= 0:
             return 0.0
         return max(pairs * self._attn_flops_c, kv_tokens * self._kv_c + t * self._q_c) + self._attn_o
@@ -593,13 +813,17 @@ class CostModel:
         t, s, pairs, kv = shape[:4]
         if t <= 0:
             return 0.0
-        kernels = (float(self.per_step_time(t)) + self._layers * self.attention_time_per_layer(pairs, kv, t)
-                   + float(self.lm_head_time(s)))
+        if self._ext:
+            attn = self._attention(t, s, pairs, kv, shape[5], shape[6]) + self._attn_o_all
+        else:
+            attn = self._layers * self.attention_time_per_layer(pairs, kv, t)
+        kernels = float(self.per_step_time(t)) + attn + float(self.lm_head_time(s))
         return self.step_time(shape) - kernels
 
     def describe(self) -> str:
         """One line for run output: model, GPU, where the parameters come from (the data set they
-        were fitted on, as the profile's provenance names it) and a decode step's time."""
+        were fitted on, as the profile's provenance names it), a decode step's time, and the
+        model terms no kernel here was measured for (item 7), for the models that use them."""
         cal = self.gpu.calibration or {}
         prov = cal.get("provenance") or {}
         dataset = prov.get("dataset") or "measured kernel timings"  # profiles from before `dataset`
@@ -616,9 +840,22 @@ class CostModel:
             worst = (cal.get("error") or {}).get("leave_one_model_out_mape_pct") or {}
             tail = f" (leave-one-model-out MAPE <= {max(worst.values()):.1f}%)" if worst else ""
             src = f"calibrated on {dataset}{models}{date}{tail}"
+        terms = (f"; {'/'.join(self.extrapolated_terms)} terms: extrapolated (no measured kernels)"
+                 if self.extrapolated_terms else "")
         return (f"cost model: {self.model.name} on {self.gpu.name} x tp={self.tp}, {src}; "
                 f"decode step at batch 1 / ctx 1024: "
-                f"{self.step_time(StepShape(1, 1, 1024, 1024)) * 1e3:.2f} ms")
+                f"{self.step_time(StepShape(1, 1, 1024, 1024)) * 1e3:.2f} ms{terms}")
+
+
+def window_kv_sums(computed: Any, ahead: Any, window: int) -> np.ndarray:
+    """sum over requests i of min(computed_i + a, window), for every a in `ahead`: the
+    StepShape.window_kv_tokens of decode steps that each add `a` tokens to every request
+    (engine/advance.py). Sorted prefix sums: O((m + k) log m)."""
+    c = np.sort(np.asarray(computed, dtype=np.int64))
+    csum = np.concatenate([np.zeros(1, np.int64), np.cumsum(c)])
+    a = np.asarray(ahead, dtype=np.int64)
+    below = np.searchsorted(c, window - a, side="left")  # requests with c + a < window
+    return csum[below] + below * a + (len(c) - below) * window
 
 
 def prefill_pairs(num_new: int, num_computed: int) -> float:
@@ -628,4 +865,4 @@ def prefill_pairs(num_new: int, num_computed: int) -> float:
 
 __all__ = ["GEMM_TILES", "Chip", "CostModel", "CostParams", "GemmGeometry", "ShardDims", "StepOverhead",
            "StepShape", "allreduce_time", "cudagraph_sizes", "elementwise_time", "gemm_time",
-           "link_bandwidth", "op_times", "prefill_pairs"]
+           "link_bandwidth", "op_times", "prefill_pairs", "window_kv_sums"]

@@ -92,8 +92,8 @@ class Replica:
         clock = self.clock
         cost = self.cost
 
-        def step_times(m, pairs, kv_tokens):
-            return decode_step_times(cost, m, pairs, kv_tokens)
+        def step_times(m, pairs, kv_tokens, window_kv_tokens=-1):
+            return decode_step_times(cost, m, pairs, kv_tokens, window_kv_tokens)
         while True:
             if not sched.has_work:
                 if self.arrivals_done:

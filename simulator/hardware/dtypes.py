@@ -2,7 +2,7 @@
 (vLLM's `--quantization`, or the checkpoint's `quantization_config`).
 
 Both are parameters of the memory math (memory.py, kv_spec.py). `WeightFormat.compute` names
-the GEMM dtype for the cost model's fp8 / fp4 peaks (not wired yet: issue 15, phase 2).
+the GEMM dtype for the cost model's fp8 / fp4 peaks (costmodel.py docstring, item 7).
 
     kv_cache_dtype   bytes/element   vLLM 0.33 source
     auto             the model dtype  utils/torch_utils.py kv_cache_dtype_str_to_dtype

@@ -25,7 +25,7 @@ class GpuSpec:
     name: str
     memory_gib: float
     hbm_bandwidth_gbps: float  # GB/s, 1e9 bytes
-    peak_tflops: dict[str, float]  # dense, by dtype: bf16, fp16, fp8
+    peak_tflops: dict[str, float]  # dense, by compute dtype: bf16, fp16, fp8, fp4 (where it has one)
     host_link_gbps: float  # usable one-way GPU<->CPU bandwidth, GB/s
     host_link_latency_us: float
     gpu_link_gbps: float | None  # GPU<->GPU (NVLink...), None when absent
@@ -52,11 +52,22 @@ class GpuSpec:
     def memory_bytes(self) -> int:
         return int(self.memory_gib * GIB)
 
-    def peak_flops(self, dtype_bytes: int) -> float:
-        """Dense peak FLOP/s for the weights' dtype (1 byte -> fp8 when the GPU has it)."""
-        if dtype_bytes == 1 and "fp8" in self.peak_tflops:
+    def peak_flops(self, dtype: int | str) -> float:
+        """Dense peak FLOP/s for a compute dtype: a name ("bf16", "fp8", "fp4"; `compute_dtype`
+        says which one runs) or the weights' bytes (1 byte -> fp8 when the GPU has it)."""
+        if isinstance(dtype, str):
+            dtype = self.compute_dtype(dtype)
+            if dtype != "bf16":
+                return self.peak_tflops[dtype] * 1e12
+        elif dtype == 1 and "fp8" in self.peak_tflops:
             return self.peak_tflops["fp8"] * 1e12
         return self.peak_tflops.get("bf16", max(self.peak_tflops.values())) * 1e12
+
+    def compute_dtype(self, compute: str) -> str:
+        """The dtype a GEMM asking for `compute` runs at here: itself where the profile lists
+        its peak (fp8 on Hopper / MI300X, fp4 on Blackwell), else bf16 (the weights are
+        dequantized in the kernel, as vLLM's Marlin / weight-only paths do)."""
+        return compute if compute in self.peak_tflops else "bf16"
 
 
 def _profiles_dir():

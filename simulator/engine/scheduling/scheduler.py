@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simulator.engine.advance import DecodeRun, exact_delay
-from simulator.engine.costmodel import StepShape
+from simulator.engine.costmodel import StepShape, window_kv_sums
 from simulator.engine.protocols import Batch, BatchingMode, KVCacheManager, QueuePolicy, SchedulerStats
 from simulator.engine.scheduling.running import RunningBatch
 from simulator.workload.request import Request, Status
@@ -49,8 +49,9 @@ class Scheduler:
     def __init__(self, kv: KVCacheManager, queue: QueuePolicy, batching: BatchingMode, *,
                  max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool = True,
                  swap: SwapSpace | None = None, reserve_full_isl: bool = True,
-                 vectorized: bool = True) -> None:
+                 vectorized: bool = True, window_tokens: int = 0) -> None:
         self.kv = kv
+        self.window_tokens = window_tokens  # > 0: sliding window, for StepShape.window_kv_tokens
         self.queue = queue
         self.batching = batching
         self.max_num_seqs = max_num_seqs
@@ -317,6 +318,7 @@ class Scheduler:
             kv_tokens=int(reach @ scheduled),
             num_seqs=num_seqs,
             num_prefill_tokens=t - decodes,
+            window_kv_tokens=int(np.minimum(reach, w) @ scheduled) if (w := self.window_tokens) else -1,
         )
         return Batch(shape, num_seqs, t - decodes, decodes,
                      len(preempted), num_admitted, None if self.swap is None else self.step_swap_s,
@@ -405,7 +407,11 @@ class Scheduler:
         c_sum = int(c0.sum())  # 4.
         j = np.arange(k, dtype=np.int64)
         kv_tokens = c_sum + m * (j + 1)
-        durations = step_times(m, (c_sum + m * j + m).astype(np.float64), kv_tokens)
+        if self.window_tokens:  # sliding layers read min(c + j + 1, window) entries per request
+            durations = step_times(m, (c_sum + m * j + m).astype(np.float64), kv_tokens,
+                                   window_kv_sums(c0, j + 1, self.window_tokens))
+        else:
+            durations = step_times(m, (c_sum + m * j + m).astype(np.float64), kv_tokens)
         starts = np.empty(k + 1)
         starts[0] = now
         starts[1:] = durations
