@@ -71,11 +71,19 @@ class Scheduler:
         # (nothing admitted, preempted, swapped or finished) and nothing arrived since
         self._pure = False  # the step just scheduled is a pure decode of every running request
         self._quiet = False  # ... and it committed with no finish and no arrival during it
+        # P/D (engine/disagg.py): a prefill replica keeps a finished request's blocks for the
+        # KV transfer (vLLM's connector request_finished -> delay_free_blocks); disagg frees them
+        self.delay_free_blocks = False
 
     # --- queue side ----------------------------------------------------------------------
-    def add_request(self, req: Request) -> None:
+    def add_request(self, req: Request, holds_kv: bool = False) -> None:
+        """`holds_kv`: P/D, its KV arrived from a prefill replica into blocks it already holds;
+        it goes first (vLLM drains kv_holding_waiting before waiting)."""
         req.status = Status.WAITING
-        self.queue.push(req)
+        if holds_kv:
+            self.queue.prepend(req)
+        else:
+            self.queue.push(req)
         self._pure = self._quiet = False
 
     @property
@@ -235,7 +243,9 @@ class Scheduler:
             if req is None:  # the policy admits nobody now (a tier at its share cap)
                 break
             swapped = swap is not None and swap.holds(req)
-            computed = req.num_computed_tokens if swapped else self.kv.get_computed_tokens(req)
+            # a waiting request keeps computed tokens only when swapped or its KV arrived (P/D)
+            computed = (req.num_computed_tokens if swapped or req.num_computed_tokens
+                        else self.kv.get_computed_tokens(req))
             num_new = req.num_tokens - computed
             if whole and num_new > budget:
                 break
@@ -346,7 +356,8 @@ class Scheduler:
                 req.finish_s = now
                 req.status = Status.FINISHED
                 self.queue.on_stop(req)
-                self.kv.free(req)
+                if not self.delay_free_blocks:
+                    self.kv.free(req)
                 finished.append(req)
             rb.compress(~done)
         rb.n[:rb.m] = 0
