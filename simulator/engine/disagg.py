@@ -6,7 +6,8 @@ cites the lines):
    max_tokens 1 (the proxy's prefill request) and, finished, keeps its blocks
    (connector.request_finished -> delay_free_blocks);
 2. the decode router picks a decode replica; the request waits in that replica's pull queue
-   (FIFO, head-of-line) until the decode KV manager gives it blocks for the prompt, local prefix
+   (FIFO, head-of-line, behind requests waiting in its scheduler, tried after every step of
+   that replica) until the decode KV manager gives it blocks for the prompt, local prefix
    hits first (vLLM: get_num_new_matched_tokens, then allocate_slots with the whole prompt
    as external tokens, WAITING_FOR_REMOTE_KVS);
 3. the blocks not hit locally move over the link: a transfer starts once both the prefill
@@ -96,8 +97,9 @@ def resolve_disagg(config: SimConfig) -> DisaggSpec:
     for pool in POOLS:
         try:
             s = setup(pool_config(config, pool))
-        except ConfigError as e:
-            raise ConfigError(f"cluster.{pool}: {e}") from None
+        except ConfigError as e:  # the pool's own section named where the error lies
+            msg = str(e).replace("cluster.router", f"cluster.{pool}.router")
+            raise ConfigError(msg if f"cluster.{pool}" in msg else f"cluster.{pool}: {msg}") from None
         if s.kv_allocator != "paged":
             raise ConfigError(f"cluster.mode disaggregated: the {pool} pool's KV allocator must be "
                               f"paged (the connectors move paged blocks), got {s.kv_allocator}")
@@ -159,6 +161,7 @@ class DisaggCluster:
         self.prefill = prefill
         self.decode = decode
         self.clock = clock
+        self.arrivals: ArrivalClock | None = None  # feed_arrivals' clock (build_disaggregated)
         d = spec.decode
         self.bytes_per_token = d.memory.kv_bytes_per_token * d.engine.tensor_parallel_size
         self.bytes_per_s = spec.bandwidth_gbps * 1e9
@@ -189,7 +192,8 @@ class DisaggCluster:
             rep.scheduler.delay_free_blocks = True
             rep.on_request_end = self._prefill_ended
         for j, rep in enumerate(decode.replicas):
-            rep.on_request_end = self._decode_ended(j)
+            rep.may_stall = True
+            rep.on_iteration = self._decode_stepped(j, rep.on_iteration)
 
     # --- arrival and the prefill leg ------------------------------------------------------
     def _reject_reason(self, req: Request, leg: Request) -> str:
@@ -255,9 +259,12 @@ class DisaggCluster:
         """Decode replica j's pull queue, head first, while its KV manager gives blocks for the
         whole prompt (local hits first): each pulled request's missing blocks go on the wire."""
         q = self.pull[j]
-        kv = self.decode.replicas[j].scheduler.kv
+        sched = self.decode.replicas[j].scheduler
+        kv = sched.kv
         env = self.env
-        while q:
+        # NOTE: a pull is a waiting request to vLLM's decode scheduler: it queues behind those
+        # already waiting there (preempted ones), head-of-line
+        while q and not len(sched.queue):
             req = q[0]
             local = kv.get_computed_tokens(req)
             if kv.allocate_slots(req, req.prompt_tokens - local, local,
@@ -297,11 +304,13 @@ class DisaggCluster:
         self.decode.replicas[int(self.d_replica[rid])].submit(req, holds_kv=True)
         self._maybe_close_decode()
 
-    def _decode_ended(self, j: int) -> Callable[[Request], None]:
-        def ended(req: Request) -> None:
-            self.decode.request_ended(req)
-            self._try_pull(j)  # its blocks are free
-        return ended
+    def _decode_stepped(self, j: int, tick: Callable[[], None] | None) -> Callable[[], None]:
+        """After each step of decode replica j (vLLM's scheduler admits pulls every step)."""
+        def stepped() -> None:
+            self._try_pull(j)
+            if tick is not None:
+                tick()
+        return stepped
 
     # --- outputs --------------------------------------------------------------------------
     def num_ended(self) -> int:
@@ -410,34 +419,17 @@ def disagg_section(dc: DisaggCluster, rec: DisaggRecorder, config: SimConfig) ->
     }
 
 
-def run_disaggregated(config: SimConfig, workload: RequestArrays | None = None, *,
-                      progress: Callable[[int, int], None] | None = None, vectorized: bool = True,
-                      on_setup: Callable[[Setup], None] | None = None
-                      ) -> tuple[Setup, dict[str, Any], pd.DataFrame, pd.DataFrame, DisaggCluster]:
-    """run.run's steps for a P/D cluster: 1. both pools' setups (bad input fails here);
-    2. `on_setup` for each; 3. the workload from the seed; 4. each pool's replicas behind its
-    router, the pull queues and links between them; 5. SimPy until every arrival has finished
-    or been rejected; 6. the summary (plus `disaggregation`) and the tables. Returns the setup
-    run.Result carries (the prefill pool's, with the whole config), the summary, the requests
-    and iterations frames and the cluster (tests)."""
-    spec = resolve_disagg(config)
-    if on_setup is not None:
-        on_setup(spec.prefill)
-        on_setup(spec.decode)
-    seeds = np.random.SeedSequence(config.seed).spawn(2)
-    if workload is None:
-        workload = generate(config.workload, seeds[0])
+def build_disaggregated(config: SimConfig, workload: RequestArrays, *,
+                        spec: DisaggSpec | None = None,
+                        on_iteration: Callable[[], None] | None = None,
+                        vectorized: bool = True) -> DisaggCluster:
+    """A SimPy environment (`dc.env`) holding each pool's replicas behind its router, the pull
+    queues and links between them; nothing submitted yet (run_disaggregated feeds the workload,
+    tests submit requests themselves). `dc.arrivals`: the arrival clock (None: step by step)."""
+    spec = spec or resolve_disagg(config)
     env = simpy.Environment()
     arrivals = ArrivalClock() if config.engine.advance == "event" else None
-    clock = DisaggClock(env, arrivals or ArrivalClock(math.inf))
-    dc_box: list[DisaggCluster] = []
-    tick = None
-    if progress is not None:
-        total = len(workload)
-
-        def tick() -> None:
-            progress(dc_box[0].num_ended(), total)
-
+    clock = DisaggClock(env, arrivals or ArrivalClock())
     pools = []
     for pool, s in (("prefill", spec.prefill), ("decode", spec.decode)):
         n = s.cluster.replicas
@@ -448,14 +440,44 @@ def run_disaggregated(config: SimConfig, workload: RequestArrays | None = None, 
         for _ in range(n):
             sched = s.backend.build(s, workload, vectorized=vectorized)
             replicas.append(Replica(env, sched, cost, MetricsRecorder(sched.kv.total_slots),
-                                    s.engine.max_model_len, on_iteration=tick, clock=rep_clock))
+                                    s.engine.max_model_len, on_iteration=on_iteration,
+                                    clock=rep_clock))
         router = ROUTERS.build(s.cluster.router, s.params.router, f"cluster.{pool}.router_params",
                                RouterContext(n, config.engine.enable_prefix_caching,
                                              workload.prefix_block_tokens))
         pools.append(Cluster(replicas, router))
     dc = DisaggCluster(env, spec, pools[0], pools[1], clock, len(workload))
-    dc_box.append(dc)
-    env.process(feed_arrivals(env, workload, dc, arrivals))
+    dc.arrivals = arrivals
+    return dc
+
+
+def run_disaggregated(config: SimConfig, workload: RequestArrays | None = None, *,
+                      progress: Callable[[int, int], None] | None = None, vectorized: bool = True,
+                      on_setup: Callable[[Setup], None] | None = None
+                      ) -> tuple[Setup, dict[str, Any], pd.DataFrame, pd.DataFrame, DisaggCluster]:
+    """run.run's steps for a P/D cluster: 1. both pools' setups (bad input fails here);
+    2. `on_setup` for each; 3. the workload from the seed; 4. build_disaggregated; 5. SimPy until
+    every arrival has finished or been rejected; 6. the summary (plus `disaggregation`) and the
+    tables. Returns the setup run.Result carries (the prefill pool's, with the whole config), the
+    summary, the requests and iterations frames and the cluster (tests)."""
+    spec = resolve_disagg(config)
+    if on_setup is not None:
+        on_setup(spec.prefill)
+        on_setup(spec.decode)
+    seeds = np.random.SeedSequence(config.seed).spawn(2)
+    if workload is None:
+        workload = generate(config.workload, seeds[0])
+    box: list[DisaggCluster] = []
+    tick = None
+    if progress is not None:
+        total = len(workload)
+
+        def tick() -> None:
+            progress(box[0].num_ended(), total)
+    dc = build_disaggregated(config, workload, spec=spec, on_iteration=tick, vectorized=vectorized)
+    box.append(dc)
+    env = dc.env
+    env.process(feed_arrivals(env, workload, dc, dc.arrivals))
     env.run()
     ended = dc.num_ended()
     if ended != dc.num_arrived:

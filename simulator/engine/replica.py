@@ -45,8 +45,9 @@ class Replica:
         self.clock = clock
         self.num_arrived = 0
         self.arrivals_done = False
-        # P/D prefill replica (engine/disagg.py): a step with nothing to run while blocks wait
-        # for their KV transfer sleeps until `poke` (the transfer frees them), not a bug
+        # P/D replica (engine/disagg.py): blocks held for or by KV transfers can leave a step with
+        # nothing to run (a request preempted itself: retry; else sleep until `poke`/`submit`,
+        # when a transfer frees or lands them), not a bug
         self.may_stall = False
         self._wake: simpy.Event | None = None
         self.process = env.process(self.run())
@@ -128,9 +129,10 @@ class Replica:
                 trace.scheduled(start, sched, batch)
             shape = batch.shape
             if shape.num_tokens == 0 and self.may_stall:
-                self._wake = env.event()
-                yield self._wake
-                self._wake = None
+                if not batch.num_preempted:  # nothing changed: wait for blocks freed from outside
+                    self._wake = env.event()
+                    yield self._wake
+                    self._wake = None
                 continue
             if shape.num_tokens == 0:
                 s = sched.stats()

@@ -27,6 +27,7 @@ make identical decisions (tests/test_scheduler.py checks this).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -74,21 +75,25 @@ class Scheduler:
         # P/D (engine/disagg.py): a prefill replica keeps a finished request's blocks for the
         # KV transfer (vLLM's connector request_finished -> delay_free_blocks); disagg frees them
         self.delay_free_blocks = False
+        # P/D decode replica: requests whose KV landed in blocks they hold, admitted before the
+        # queue (vLLM's kv_holding_waiting; a preempted request at the queue's head cannot
+        # block them)
+        self.kv_holding: deque[Request] = deque()
 
     # --- queue side ----------------------------------------------------------------------
     def add_request(self, req: Request, holds_kv: bool = False) -> None:
-        """`holds_kv`: P/D, its KV arrived from a prefill replica into blocks it already holds;
-        it goes first (vLLM drains kv_holding_waiting before waiting)."""
+        """`holds_kv`: P/D, its KV arrived from a prefill replica into blocks it already holds
+        (self.kv_holding)."""
         req.status = Status.WAITING
         if holds_kv:
-            self.queue.prepend(req)
+            self.kv_holding.append(req)
         else:
             self.queue.push(req)
         self._pure = self._quiet = False
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running.m or len(self.queue))
+        return bool(self.running.m or len(self.queue) or self.kv_holding)
 
     def admit(self, req: Request, num_computed: int, capacity: int, now: float) -> int:
         slot = self.running.append(req, num_computed, capacity)
@@ -238,13 +243,13 @@ class Scheduler:
         left waits for the next step."""
         admitted = 0
         swap = self.swap
-        while len(self.queue) and budget > 0 and self.running.m < self.max_num_seqs:
-            req = self.queue.peek()
+        holding = self.kv_holding
+        while (holding or len(self.queue)) and budget > 0 and self.running.m < self.max_num_seqs:
+            req = holding[0] if holding else self.queue.peek()
             if req is None:  # the policy admits nobody now (a tier at its share cap)
                 break
             swapped = swap is not None and swap.holds(req)
-            # a waiting request keeps computed tokens only when swapped or its KV arrived (P/D)
-            computed = (req.num_computed_tokens if swapped or req.num_computed_tokens
+            computed = (req.num_computed_tokens if swapped or holding
                         else self.kv.get_computed_tokens(req))
             num_new = req.num_tokens - computed
             if whole and num_new > budget:
@@ -254,7 +259,10 @@ class Scheduler:
                                          full_sequence_must_fit=self.reserve_full_isl)
             if cap is None:
                 break
-            self.queue.pop()
+            if holding:
+                holding.popleft()
+            else:
+                self.queue.pop()
             if swapped:
                 self.step_swap_s += swap.swap_in(req)
             slot = self.admit(req, computed, cap, now)
@@ -387,7 +395,7 @@ class Scheduler:
         if not self._quiet:
             # an empty queue admits nobody whatever the free blocks: a batch of decodes only
             # (each one token to compute, the budget holding them all) decodes again
-            if (len(self.queue) or m > self.max_num_batched_tokens
+            if (len(self.queue) or self.kv_holding or m > self.max_num_batched_tokens
                     or not (rb.tokens[:m] - rb.computed[:m] == 1).all() or not rb.num_out[:m].all()):
                 return None
         kv = self.kv
@@ -461,7 +469,7 @@ class Scheduler:
             "start_s": starts[:k], "duration_s": durations, "num_seqs": full,
             "num_tokens": full, "prefill_tokens": zero, "decode_tokens": full,
             "num_preempted": zero, "num_admitted": zero, "num_running": full,
-            "num_waiting": np.int64(len(self.queue)), "kv_used_slots": used,
+            "num_waiting": np.int64(len(self.queue) + len(self.kv_holding)), "kv_used_slots": used,
             "kv_usage": usage, "kv_tokens_stored": stored, "num_sampled": full,
             "prefix_queries_total": const(stats.prefix_queries),
             "prefix_hits_total": const(stats.prefix_hits),
@@ -479,7 +487,8 @@ class Scheduler:
         # sum of computed tokens.
         stored = kv.used_slots - int((rb.capacity[:m] - rb.computed[:m]).sum())
         swap = None if self.swap is None else self.swap.stats()
-        return SchedulerStats(m, len(self.queue), stored, kv, self.num_preemptions, self._gaps,
+        return SchedulerStats(m, len(self.queue) + len(self.kv_holding), stored, kv,
+                              self.num_preemptions, self._gaps,
                               swap)
 
     def scheduled(self) -> dict[int, int]:
