@@ -44,6 +44,7 @@ def cfg(*extra):
     (["cluster.decode.gpu=h1000"], "cluster.decode: unknown GPU 'h1000'"),
     (["cluster.prefill.router=round_robbin"], "cluster.prefill.router: unknown router 'round_robbin'"),
     (["engine.backend=vllm"], "engine.backend must be kvsim"),
+    (["engine.scheduler=static"], "engine.scheduler must be continuous, got static"),
     (["engine.kv_allocator=contiguous"], "the prefill pool's KV allocator must be paged"),
 ])
 def test_bad_pd_config_is_one_line(capsys, args, expected):

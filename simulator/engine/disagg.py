@@ -78,7 +78,7 @@ class DisaggSpec:
 def pool_config(config: SimConfig, pool: str) -> SimConfig:
     """The config one pool's replicas run: its GPU and tensor parallelism over the shared model
     and engine, a colocated cluster of its replicas behind its router."""
-    spec = getattr(config.cluster, pool)
+    spec = config.cluster.prefill if pool == "prefill" else config.cluster.decode
     engine = config.engine.to_dict()
     if spec.tensor_parallel_size is not None:
         engine["tensor_parallel_size"] = spec.tensor_parallel_size
@@ -93,6 +93,11 @@ def resolve_disagg(config: SimConfig) -> DisaggSpec:
     if config.engine.backend != "kvsim":
         raise ConfigError(f"cluster.mode disaggregated: engine.backend must be kvsim (vLLM's own "
                           f"scheduler runs colocated only), got {config.engine.backend}")
+    if config.engine.scheduler != "continuous":
+        # NOTE: a landed request joins the running batch at a step's admission, which static
+        # batching does not hold
+        raise ConfigError(f"cluster.mode disaggregated: engine.scheduler must be continuous, got "
+                          f"{config.engine.scheduler}")
     setups = {}
     for pool in POOLS:
         try:
