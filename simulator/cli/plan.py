@@ -57,6 +57,9 @@ def register(sub, help: str) -> None:
                    help="router of the cluster check (default least_outstanding)")
     add_worker_args(p)
     p.add_argument("--no-confirm", action="store_true", help="skip the cluster simulation")
+    p.add_argument("--disaggregated", action="store_true",
+                   help="also plan prefill/decode fleets (P:D) for the two cheapest candidates "
+                        "(docs/disaggregation.md)")
     p.add_argument("--out", default="runs/plan", metavar="DIR", help="output directory (default runs/plan)")
     p.add_argument("--quiet", action="store_true", help="print only the output directory")
     p.set_defaults(func=main)
@@ -136,6 +139,10 @@ def main(args: argparse.Namespace) -> int:
         table, checks = confirm_ranking(planner, table)
         win = table.iloc[0].candidate
         confirmation = next((c for c in checks if c["candidate"] == win), None)
+    pd_plans = None
+    if args.disaggregated:  # P:D rows beside the colocated ones
+        from simulator.analysis.plan_pd import plan_disaggregated
+        table, pd_plans = plan_disaggregated(planner, table, log)
     table.to_csv(out / "plan.csv", index=False)
     table.to_parquet(out / "plan.parquet", index=False)
     probes.to_csv(out / "probes.csv", index=False)
@@ -143,7 +150,7 @@ def main(args: argparse.Namespace) -> int:
     doc = {"target_rate": args.rate, "slo": planner.s.slo.__dict__,
            "mean_output_tokens": planner.mean_output_tokens,
            "ranking": table.to_dict(orient="records"), "confirmation": confirmation,
-           "cluster_checks": checks}
+           "cluster_checks": checks, **({"disaggregated": pd_plans} if pd_plans is not None else {})}
     (out / "plan.json").write_text(json.dumps(clean_floats(doc), indent=1, default=str) + "\n")
     if args.quiet:
         print(out)
@@ -169,7 +176,9 @@ def print_plan(console, table, rate: float, slo, confirmation) -> None:
     for _, r in table.iterrows():
         ok = r.status == "ok"
         t.add_row("-" if r["rank"] is None or r["rank"] != r["rank"] else str(int(r["rank"])),
-                  r.candidate, f"{r.max_rate_per_replica:.3g}" if ok else "-",
+                  r.candidate + (f" {r.layout}" if r.get("layout", "colocated") != "colocated" else ""),
+                  f"{r.max_rate_per_replica:.3g}" if ok and r.max_rate_per_replica == r.max_rate_per_replica
+                  else "-",
                   str(int(r.replicas)) if ok else "-",
                   str(int(r.confirmed_replicas)) if ok and r.get("confirmed_replicas") is not None
                   and r.confirmed_replicas == r.confirmed_replicas else "-",

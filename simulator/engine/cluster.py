@@ -86,8 +86,12 @@ class Cluster:
         self.outstanding_tokens[i] -= req.prompt_tokens + req.output_tokens
 
     def submit(self, req: Request) -> None:
-        """1. the router picks a replica (no choice with one); 2. book-keeping for the routers;
-        3. the replica takes the request."""
+        """1.-2. `route`; 3. the replica takes the request."""
+        self.replicas[self.route(req)].submit(req)
+
+    def route(self, req: Request) -> int:
+        """1. the router picks a replica (no choice with one); 2. book-keeping for the routers.
+        (P/D's decode pool routes when the prefill ends and submits when the KV has arrived.)"""
         self.num_arrived += 1
         i = self.router.choose(req, self) if self.num_replicas > 1 else 0
         self.req_to_replica[req.req_id] = i
@@ -95,7 +99,7 @@ class Cluster:
         self.outstanding[i] += 1
         self.outstanding_tokens[i] += req.prompt_tokens + req.output_tokens
         self._pending[i].append(req)
-        self.replicas[i].submit(req)
+        return i
 
     def close(self) -> None:
         for rep in self.replicas:

@@ -45,16 +45,23 @@ class Replica:
         self.clock = clock
         self.num_arrived = 0
         self.arrivals_done = False
+        # P/D replica (engine/disagg.py): blocks held for or by KV transfers can leave a step with
+        # nothing to run (a request preempted itself: retry; else sleep until `poke`/`submit`,
+        # when a transfer frees or lands them), not a bug
+        self.may_stall = False
         self._wake: simpy.Event | None = None
         self.process = env.process(self.run())
 
-    def submit(self, req: Request) -> None:
+    def submit(self, req: Request, holds_kv: bool = False) -> None:
+        """`holds_kv`: P/D, the request's KV arrived into blocks it holds (engine/disagg.py)."""
         self.num_arrived += 1
         reason = self._reject_reason(req)
         if reason:
             req.status = Status.REJECTED
             req.reject_reason = reason
             self._ended(req)
+        elif holds_kv:
+            self.scheduler.add_request(req, holds_kv=True)
         else:
             self.scheduler.add_request(req)
         self._poke()
@@ -62,6 +69,10 @@ class Replica:
     def close(self) -> None:
         """No more arrivals: the replica exits once its queues drain."""
         self.arrivals_done = True
+        self._poke()
+
+    def poke(self) -> None:
+        """Wake the replica if it sleeps (new work, or blocks freed from outside)."""
         self._poke()
 
     def _poke(self) -> None:
@@ -117,6 +128,12 @@ class Replica:
             if trace is not None:
                 trace.scheduled(start, sched, batch)
             shape = batch.shape
+            if shape.num_tokens == 0 and self.may_stall:
+                if not batch.num_preempted:  # nothing changed: wait for blocks freed from outside
+                    self._wake = env.event()
+                    yield self._wake
+                    self._wake = None
+                continue
             if shape.num_tokens == 0:
                 s = sched.stats()
                 raise RuntimeError(

@@ -32,6 +32,7 @@ from simulator.config.schema import SimConfig
 from simulator.engine.advance import ArrivalClock
 from simulator.engine.build import Setup, setup
 from simulator.engine.cluster import Cluster, MergedRecorder, cluster_section
+from simulator.engine.disagg import run_disaggregated
 from simulator.engine.protocols import RouterContext, SchedulerInterface, SchedulerStats
 from simulator.engine.replica import Replica, feed_arrivals
 from simulator.engine.routers import ROUTERS
@@ -92,6 +93,11 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *,
     4. one scheduler, recorder and Replica process per replica, the router in front; 5. SimPy
     run until every arrival has finished or been rejected; 6. the summary and tables.
     `progress(ended, total)` is called after every step; `trace` records one replica's steps."""
+    if config.cluster.mode == "disaggregated":  # prefill and decode pools (engine/disagg.py)
+        s, summary, reqs, iters, _ = run_disaggregated(config, workload, progress=progress,
+                                                       vectorized=vectorized, on_setup=on_setup)
+        summary["config"] = run_config_summary(s)
+        return Result(s, summary, reqs, iters)
     s = setup(config)
     if on_setup is not None:
         on_setup(s)

@@ -27,6 +27,7 @@ make identical decisions (tests/test_scheduler.py checks this).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -72,16 +73,28 @@ class Scheduler:
         # (nothing admitted, preempted, swapped or finished) and nothing arrived since
         self._pure = False  # the step just scheduled is a pure decode of every running request
         self._quiet = False  # ... and it committed with no finish and no arrival during it
+        # P/D (engine/disagg.py): a prefill replica keeps a finished request's blocks for the
+        # KV transfer (vLLM's connector request_finished -> delay_free_blocks); disagg frees them
+        self.delay_free_blocks = False
+        # P/D decode replica: requests whose KV landed in blocks they hold, admitted before the
+        # queue (vLLM's kv_holding_waiting; a preempted request at the queue's head cannot
+        # block them)
+        self.kv_holding: deque[Request] = deque()
 
     # --- queue side ----------------------------------------------------------------------
-    def add_request(self, req: Request) -> None:
+    def add_request(self, req: Request, holds_kv: bool = False) -> None:
+        """`holds_kv`: P/D, its KV arrived from a prefill replica into blocks it already holds
+        (self.kv_holding)."""
         req.status = Status.WAITING
-        self.queue.push(req)
+        if holds_kv:
+            self.kv_holding.append(req)
+        else:
+            self.queue.push(req)
         self._pure = self._quiet = False
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running.m or len(self.queue))
+        return bool(self.running.m or len(self.queue) or self.kv_holding)
 
     def admit(self, req: Request, num_computed: int, capacity: int, now: float) -> int:
         slot = self.running.append(req, num_computed, capacity)
@@ -231,12 +244,14 @@ class Scheduler:
         left waits for the next step."""
         admitted = 0
         swap = self.swap
-        while len(self.queue) and budget > 0 and self.running.m < self.max_num_seqs:
-            req = self.queue.peek()
+        holding = self.kv_holding
+        while (holding or len(self.queue)) and budget > 0 and self.running.m < self.max_num_seqs:
+            req = holding[0] if holding else self.queue.peek()
             if req is None:  # the policy admits nobody now (a tier at its share cap)
                 break
             swapped = swap is not None and swap.holds(req)
-            computed = req.num_computed_tokens if swapped else self.kv.get_computed_tokens(req)
+            computed = (req.num_computed_tokens if swapped or holding
+                        else self.kv.get_computed_tokens(req))
             num_new = req.num_tokens - computed
             if whole and num_new > budget:
                 break
@@ -245,7 +260,10 @@ class Scheduler:
                                          full_sequence_must_fit=self.reserve_full_isl)
             if cap is None:
                 break
-            self.queue.pop()
+            if holding:
+                holding.popleft()
+            else:
+                self.queue.pop()
             if swapped:
                 self.step_swap_s += swap.swap_in(req)
             slot = self.admit(req, computed, cap, now)
@@ -348,7 +366,8 @@ class Scheduler:
                 req.finish_s = now
                 req.status = Status.FINISHED
                 self.queue.on_stop(req)
-                self.kv.free(req)
+                if not self.delay_free_blocks:
+                    self.kv.free(req)
                 finished.append(req)
             rb.compress(~done)
         rb.n[:rb.m] = 0
@@ -378,7 +397,7 @@ class Scheduler:
         if not self._quiet:
             # an empty queue admits nobody whatever the free blocks: a batch of decodes only
             # (each one token to compute, the budget holding them all) decodes again
-            if (len(self.queue) or m > self.max_num_batched_tokens
+            if (len(self.queue) or self.kv_holding or m > self.max_num_batched_tokens
                     or not (rb.tokens[:m] - rb.computed[:m] == 1).all() or not rb.num_out[:m].all()):
                 return None
         kv = self.kv
@@ -456,7 +475,7 @@ class Scheduler:
             "start_s": starts[:k], "duration_s": durations, "num_seqs": full,
             "num_tokens": full, "prefill_tokens": zero, "decode_tokens": full,
             "num_preempted": zero, "num_admitted": zero, "num_running": full,
-            "num_waiting": np.int64(len(self.queue)), "kv_used_slots": used,
+            "num_waiting": np.int64(len(self.queue) + len(self.kv_holding)), "kv_used_slots": used,
             "kv_usage": usage, "kv_tokens_stored": stored, "num_sampled": full,
             "prefix_queries_total": const(stats.prefix_queries),
             "prefix_hits_total": const(stats.prefix_hits),
@@ -474,7 +493,8 @@ class Scheduler:
         # sum of computed tokens.
         stored = kv.used_slots - int((rb.capacity[:m] - rb.computed[:m]).sum())
         swap = None if self.swap is None else self.swap.stats()
-        return SchedulerStats(m, len(self.queue), stored, kv, self.num_preemptions, self._gaps,
+        return SchedulerStats(m, len(self.queue) + len(self.kv_holding), stored, kv,
+                              self.num_preemptions, self._gaps,
                               swap)
 
     def scheduled(self) -> dict[int, int]:
