@@ -30,6 +30,7 @@ from simulator.engine.costmodel import CostModel
 from simulator.engine.kvcache import ALLOCATORS
 from simulator.engine.kvcache.eviction import EVICTION_POLICIES
 from simulator.engine.kvcache.hybrid import layout_params
+from simulator.engine.kvcache.offload import build_offload, check_offload
 from simulator.engine.protocols import Backend, KVContext, QueueContext, SchedulerInterface
 from simulator.engine.routers import ROUTERS
 from simulator.engine.scheduling import BATCHING_MODES, QUEUE_POLICIES, Scheduler
@@ -70,6 +71,7 @@ class Setup:
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
     backend: Backend | None = field(default=None, repr=False)
     kv_allocator: str = ""  # the allocator built: engine.kv_allocator, or hybrid (see setup)
+    offload_params: dict[str, Any] | None = None  # the CPU offload tier's eviction params (None: off)
 
     def lines(self) -> list[str]:
         e = self.engine
@@ -168,7 +170,12 @@ def setup(config: SimConfig) -> Setup:
             "engine.kv_allocator_params"), eviction, queue, router)
     cost = CostModel(model, gpu, engine.tensor_parallel_size, engine.max_num_batched_tokens,
                      max_num_seqs=engine.max_num_seqs)
-    return Setup(config, model, gpu, engine, memory, cost, params, cluster, backend, allocator)
+    # 7. the CPU offload tier (vLLM's --kv-offloading-size), when on
+    offload = check_offload(eng, kv_allocator=allocator, block_bytes=memory.block_bytes,
+                            tp=engine.tensor_parallel_size,
+                            swap_gib=eng.swap_space_gib if eng.preemption_mode == "swap" else 0.0)
+    return Setup(config, model, gpu, engine, memory, cost, params, cluster, backend, allocator,
+                 offload)
 
 
 def kv_context(s: Setup, workload: RequestArrays) -> KVContext:
@@ -206,10 +213,17 @@ class KvsimBackend:
                              tensors=2 * s.model.num_layers)
         queue = QUEUE_POLICIES.build(eng.queue_policy, s.params.queue, "engine.queue_params",
                                      QueueContext(e.max_num_seqs, kv.total_slots, workload.tier))
+        offload = None
+        if s.offload_params is not None:
+            offload = build_offload(kv, eng.kv_offloading_size, s.memory.block_bytes,
+                                    e.tensor_parallel_size, eng.kv_offloading_eviction_policy,
+                                    s.offload_params, s.gpu.host_link_gbps,
+                                    s.gpu.host_link_latency_us * 1e-6)
         return Scheduler(kv, queue, BATCHING_MODES.get(eng.scheduler)(),
                          max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
                          chunked_prefill=eng.enable_chunked_prefill, swap=swap,
-                         reserve_full_isl=eng.scheduler_reserve_full_isl, vectorized=vectorized)
+                         reserve_full_isl=eng.scheduler_reserve_full_isl, vectorized=vectorized,
+                         offload=offload)
 
     def lines(self) -> list[str]:
         return []

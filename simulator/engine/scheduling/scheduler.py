@@ -39,6 +39,7 @@ from simulator.engine.scheduling.running import RunningBatch
 from simulator.workload.request import Request, Status
 
 if TYPE_CHECKING:
+    from simulator.engine.kvcache.offload import OffloadConnector
     from simulator.engine.swap import SwapSpace
 
 
@@ -49,7 +50,7 @@ class Scheduler:
     def __init__(self, kv: KVCacheManager, queue: QueuePolicy, batching: BatchingMode, *,
                  max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool = True,
                  swap: SwapSpace | None = None, reserve_full_isl: bool = True,
-                 vectorized: bool = True) -> None:
+                 vectorized: bool = True, offload: OffloadConnector | None = None) -> None:
         self.kv = kv
         self.queue = queue
         self.batching = batching
@@ -58,6 +59,7 @@ class Scheduler:
         # False: vLLM v0's prefill-first steps (whole prompts, no decodes alongside)
         self.chunked_prefill = chunked_prefill
         self.swap = swap
+        self.offload = offload  # the CPU offload tier (kvcache/offload.py), None: off
         self.step_swap_s = 0.0  # swap time charged to the step being scheduled
         self.running = RunningBatch(max_num_seqs)
         self.num_preemptions = 0
@@ -80,7 +82,8 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running.m or len(self.queue))
+        return bool(self.running.m or len(self.queue)
+                    or (self.offload is not None and self.offload.num_loading))
 
     def admit(self, req: Request, num_computed: int, capacity: int, now: float) -> int:
         slot = self.running.append(req, num_computed, capacity)
@@ -122,6 +125,9 @@ class Scheduler:
         self.kv.now = now
         self.step_swap_s = 0.0
         self._admitted = []
+        if self.offload is not None:  # loads that ended: back to the front of the line
+            for req in reversed(self.offload.poll(now)):
+                self.queue.prepend(req)
         if not self.chunked_prefill:
             return self._schedule_prefill_first(now)
         formed = self.batching.form_batch(self, now)
@@ -230,12 +236,23 @@ class Scheduler:
         left waits for the next step."""
         admitted = 0
         swap = self.swap
+        offload = self.offload
         while len(self.queue) and budget > 0 and self.running.m < self.max_num_seqs:
             req = self.queue.peek()
             if req is None:  # the policy admits nobody now (a tier at its share cap)
                 break
             swapped = swap is not None and swap.holds(req)
+            # back from a CPU-tier load (offload.py): it holds its blocks and computed tokens
+            swapped |= offload is not None and req.num_computed_tokens > 0
             computed = req.num_computed_tokens if swapped else self.kv.get_computed_tokens(req)
+            if offload is not None and not swapped:
+                ext = offload.match(req, computed)  # past the GPU hit; None: blocks in flight
+                if ext is None or (ext and not offload.start_load(req, computed, ext, now,
+                                                                  self.reserve_full_isl)):
+                    break
+                if ext:  # out of line until its load ends
+                    self.queue.pop()
+                    continue
             num_new = req.num_tokens - computed
             if whole and num_new > budget:
                 break
@@ -245,7 +262,7 @@ class Scheduler:
             if cap is None:
                 break
             self.queue.pop()
-            if swapped:
+            if swapped and swap is not None and swap.holds(req):
                 self.step_swap_s += swap.swap_in(req)
             slot = self.admit(req, computed, cap, now)
             self.running.n[slot] = num_new
@@ -320,7 +337,8 @@ class Scheduler:
         )
         return Batch(shape, num_seqs, t - decodes, decodes,
                      len(preempted), num_admitted, None if self.swap is None else self.step_swap_s,
-                     preempted, self._admitted)
+                     preempted, self._admitted,
+                     None if self.offload is None or t else self.offload.next_event_s())
 
     def commit(self, now: float) -> list[Request]:
         """Apply the step that just ran: advance tokens, sample, finish. Returns finished."""
@@ -340,6 +358,9 @@ class Scheduler:
         last[sampled] = now
         done = sampled & (out >= rb.target_out[:m])
         finished: list[Request] = []
+        if self.offload is not None:  # before the finished leave the batch: store offers
+            self.offload.offer(rb.reqs, rb.computed[:m], n, rb.tokens[:m], rb.num_out[:m],
+                               [rb.reqs[i] for i in np.flatnonzero(done).tolist()], now)
         if done.any():
             for i in np.flatnonzero(done).tolist():
                 req = rb.write_back(i)
@@ -469,7 +490,7 @@ class Scheduler:
         stored = kv.used_slots - int((rb.capacity[:m] - rb.computed[:m]).sum())
         swap = None if self.swap is None else self.swap.stats()
         return SchedulerStats(m, len(self.queue), stored, kv, self.num_preemptions, self._gaps,
-                              swap)
+                              swap, None if self.offload is None else self.offload.stats)
 
     def scheduled(self) -> dict[int, int]:
         """{req_id: tokens} of the step just scheduled, in running order (tests, traces)."""
