@@ -277,6 +277,7 @@ class OffloadConnector:
         self._loads: list[tuple[float, int, Request, list[int], list[int]]] = []  # heap by end
         self._stores: deque[tuple[float, list[int]]] = deque()  # FIFO: ends in order
         self._being_loaded: dict[int, int] = {}  # hash -> loads reading it (vLLM's _chunks_being_loaded)
+        self._reserved: dict[int, int] = {}  # loading request -> blocks it still needs to run
         self._finished: list[int] = []  # finished last commit: re-ranked after this commit's offers
         self._stats = OffloadStats(size_gib=size_gib, num_cpu_blocks=tier.num_blocks,
                                   block_size=kv.block_size)
@@ -329,12 +330,18 @@ class OffloadConnector:
         room, it waits) and queue the read of the CPU blocks; the request is out of the queue
         until `poll` returns it."""
         total = num_computed + num_external
+        bs = self.block_size
+        # vLLM's _inflight_prefill_reserved_blocks: a load holds its blocks with no progress, so
+        # it is admitted only if its whole sequence fits beside what loads in flight still need
+        need = -(-req.num_tokens // bs) - num_computed // bs
+        if need + sum(self._reserved.values()) > self.kv.pool.num_free_blocks:
+            return False
         # num_tokens=num_computed: the loaded blocks are hashed when the request runs again
         # (vLLM's delay_cache_blocks), so nobody hits them before they hold their KV
         if self.kv.allocate_slots(req, 0, total, full_sequence_must_fit=full_sequence_must_fit,
                                   num_tokens=num_computed) is None:
             return False
-        bs = self.block_size
+        self._reserved[req.req_id] = max(-(-req.num_tokens // bs) - len(self.kv.req_to_blocks[req.req_id]), 0)
         keys = self._keys(req, num_computed // bs, total // bs)
         self.tier.now = now
         blocks = self.tier.prepare_load(req.req_id, keys)
@@ -368,6 +375,7 @@ class OffloadConnector:
         while loads and loads[0][0] <= now:
             _, _, req, blocks, hashes = heapq.heappop(loads)
             tier.complete_load(blocks)
+            del self._reserved[req.req_id]
             for h in hashes:
                 left = self._being_loaded[h] - 1
                 if left:
