@@ -30,7 +30,7 @@ from simulator.engine.costmodel import CostModel
 from simulator.engine.kvcache import ALLOCATORS
 from simulator.engine.kvcache.eviction import EVICTION_POLICIES
 from simulator.engine.kvcache.hybrid import layout_params
-from simulator.engine.kvcache.offload import build_offload, check_offload
+from simulator.engine.kvcache.offload import build_offload, check_offload, num_cpu_blocks
 from simulator.engine.protocols import Backend, KVContext, QueueContext, SchedulerInterface
 from simulator.engine.routers import ROUTERS
 from simulator.engine.scheduling import BATCHING_MODES, QUEUE_POLICIES, Scheduler
@@ -85,7 +85,16 @@ class Setup:
             *self.memory.lines(e.max_model_len),
             self.cost.describe(),
             *(self.backend.lines() if self.backend is not None else []),
+            *([self.offload_line()] if self.offload_params is not None else []),
         ]
+
+    def offload_line(self) -> str:
+        """vLLM logs the CPU tier's size when --kv-offloading-size is set; kvsim says it here."""
+        eng, link = self.config.engine, self.gpu
+        n = num_cpu_blocks(eng.kv_offloading_size, self.memory.block_bytes, self.engine.tensor_parallel_size)
+        return (f"CPU offload tier: {eng.kv_offloading_size:g} GiB, {n:,} blocks "
+                f"({n * self.engine.block_size:,} tokens), eviction {eng.kv_offloading_eviction_policy}, "
+                f"host link {link.host_link_gbps:g} GB/s + {link.host_link_latency_us:g} us a transfer")
 
     def format_info(self) -> dict[str, Any]:
         """The storage and parallelism settings that differ from vLLM's defaults (kv_cache_dtype,
@@ -127,7 +136,8 @@ def setup(config: SimConfig) -> Setup:
     """Steps: 1. names and plug-in params (a typo is the first error shown, before any memory
     math); 2. the backend's own rules; 3. vLLM's defaults for the GPU (resolve_engine);
     4. the memory plan (num_gpu_blocks; engine.kv_cache_dtype, quantization, expert parallelism);
-    5. the cost model; 6. the allocator: hybrid for a hybrid KV cache layout."""
+    5. the cost model; 6. the allocator: hybrid for a hybrid KV cache layout; 7. the CPU
+    offload tier's rules (kvcache/offload.py), when engine.kv_offloading_size is set."""
     eng = config.engine
     model = get_model(config.model)
     gpu = get_gpu(config.gpu)

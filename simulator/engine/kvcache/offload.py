@@ -107,6 +107,10 @@ class RankedLRU(VersionedHeap):
         self._free.remove(block_id)
         self._invalidate(block_id)
 
+    def reorder(self, block_id: int) -> None:
+        """A free block's rank changed: its entry moves (the old one is invalidated)."""
+        self._push((0, *self.pool.rank[block_id]), block_id)
+
     def popleft(self) -> int:
         block_id = self._peek_valid()[-1]
         self._free.remove(block_id)
@@ -120,6 +124,9 @@ class RankedLRUWithTTL(LRUWithTTL):
     offered again) for ttl_s go first, oldest access first; then `lru`."""
 
     fallback = RankedLRU
+
+    def reorder(self, block_id: int) -> None:
+        self._lru.reorder(block_id)  # a rank changed, not the last access
 
 
 class CPUTier:
@@ -159,8 +166,7 @@ class CPUTier:
         pool = self.pool
         pool.rank[b] = rank
         if b in pool.free_queue:  # evictable: re-queued under its new rank (vLLM's heap push)
-            pool.free_queue.remove(b)
-            pool.free_queue.append(b)
+            pool.free_queue.reorder(b)
 
     def _access(self, rid: int, keys: Sequence[tuple[int, int]]) -> None:
         """vLLM's _record_request_cache_access -> on_request_access: keys the request accesses
@@ -181,7 +187,8 @@ class CPUTier:
         """vLLM's prepare_store. Steps: 1. split the offer into blocks to store (absent) and
         ready ones (a reuse; pending ones are neither); 2. record the access; 3. nothing absent:
         []; 4. None when the free and evictable blocks, less the offer's own, are too few;
-        5. pop new blocks (evicting), each hashed, pending, ranked (request rank, -end token)."""
+        5. pop new blocks (evicting), each hashed, pending, ranked (request rank, -end token).
+        The offer's ready blocks are never evicted for it."""
         pool = self.pool
         get = pool.get_cached_block
         to_store, protected = [], []
@@ -194,20 +201,24 @@ class CPUTier:
         recorded = {h for h, _ in to_store}
         recorded.update(pool.block_hash[b] for b in protected)
         self._access(rid, [(h, p) for h, p in keys if h in recorded])  # 2.
-        now = pool.now
-        for b in protected:  # lru_ttl's clock: an offered block was accessed
-            pool.last_access_s[b] = now
-        if not to_store:  # 3.
-            return []
         queue = pool.free_queue
+        # the offer's own blocks are not evicted for it (vLLM's `protected`); out of the queue
+        # meanwhile, and back with their access stamped (lru_ttl's clock: they were accessed)
         held = [b for b in protected if b in queue]
-        if len(to_store) > len(queue) - len(held):  # 4.
-            return None
-        for b in held:  # the offer's own blocks are not evicted for it (vLLM's `protected`)
+        for b in held:
             queue.remove(b)
-        new = pool.get_new_blocks(len(to_store))  # 5.
+        now = pool.now
+        for b in protected:
+            pool.last_access_s[b] = now
+        new: list[int] | None = []
+        if len(to_store) > len(queue):  # 4.
+            new = None
+        elif to_store:
+            new = pool.get_new_blocks(len(to_store))  # 5.
         for b in held:
             queue.append(b)
+        if not new:  # 3. or 4.
+            return new
         rr = self._request_rank(rid)
         for b, (h, p) in zip(new, to_store):
             pool.cache_block(b, h)
