@@ -14,6 +14,10 @@ One step (`schedule`), mirroring vLLM v1's `Scheduler.schedule`:
    the first one that does not fit stops admission (head-of-line, as vLLM). With
    `reserve_full_isl` (vLLM 0.33's scheduler_reserve_full_isl, on by default) the room asked
    for at admission is the request's whole token sequence, not just its first chunk.
+With a CPU offload tier (kvcache/offload.py, vLLM's --kv-offloading-size), step 3 also asks it
+for the blocks that follow a request's GPU prefix hit: on a hit the request takes its GPU
+blocks and leaves the queue while they load, then comes back at the front (vLLM's
+WAITING_FOR_REMOTE_KVS); `commit` offers the prompt blocks each step completed for storing.
 Without chunked prefill (vLLM v0's prefill-first steps) a step runs whole prompts if any can
 run, else one decode per running request (`_schedule_prefill_first`).
 `commit` then applies the step: computed tokens advance; a request that reached its
