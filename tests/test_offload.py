@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from simulator.config.schema import build_config
 from simulator.engine.build import setup
-from simulator.engine.kvcache.offload import CPUTier, OffloadConnector, num_cpu_blocks
+from simulator.engine.kvcache.offload import CPUTier, LookupResult, OffloadConnector, num_cpu_blocks
 from simulator.engine.run import run
 from simulator.errors import ConfigError
 from simulator.workload.request import Request
@@ -279,3 +279,24 @@ class OffloadMachine(RuleBasedStateMachine):
 TestOffloadMachine = OffloadMachine.TestCase
 TestOffloadMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
                                        suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.parametrize("policy,params,evicted", [
+    ("lru", {}, {"B", "C"}),  # vLLM's ranks: request 1's blocks (the first request), tail first
+    ("lru_ttl", {"ttl_s": 5.0}, {"C", "A"}),  # ours: not accessed for 5 s goes first, oldest first
+])
+def test_cpu_eviction_order_lru_vs_lru_ttl(policy, params, evicted):
+    tier = CPUTier(3, policy, params)
+    name = {101: "C", 102: "B", 201: "A"}
+
+    def store(rid, keys, now):
+        tier.now = now
+        blocks = tier.prepare_store(rid, keys)
+        tier.complete_store(blocks)
+
+    store(1, [(101, 16)], 0.0)  # request 1 touches the tier first: the lowest request rank
+    store(0, [(201, 16)], 0.5)
+    store(1, [(102, 32)], 10.0)  # its tail, stored later, still ranks below request 0's block
+    tier.now = 12.0
+    assert tier.prepare_store(2, [(301, 16), (302, 32)]) is not None
+    assert {n for h, n in name.items() if tier.lookup(h) is LookupResult.MISS} == evicted
