@@ -300,3 +300,20 @@ def test_cpu_eviction_order_lru_vs_lru_ttl(policy, params, evicted):
     tier.now = 12.0
     assert tier.prepare_store(2, [(301, 16), (302, 32)]) is not None
     assert {n for h, n in name.items() if tier.lookup(h) is LookupResult.MISS} == evicted
+
+
+# --- the experiment ------------------------------------------------------------------------
+def test_cpu_offload_page_and_the_trace_bound():
+    """The page has every section; the trace's own infinite-cache count reproduces the bound
+    issue 17 quotes for the whole Mooncake conversation trace (37.36 % of prompt tokens)."""
+    from pathlib import Path
+
+    from simulator.analysis.experiments import get_experiment
+    exp = get_experiment("cpu_offload")
+    text = (Path(__file__).resolve().parent.parent / "experiments/results/cpu_offload.md").read_text()
+    for section in ("**Claim.**", "**Setup.**", "**Measured.**", "**Verdict:", "kvsim experiment cpu_offload",
+                    "](cpu_offload.png)"):
+        assert section in text
+    if not Path(exp.trace_path()).is_file():
+        pytest.skip("../shared/data traces absent")
+    assert round(100 * exp.trace_stats(None)["bound"], 2) == 37.36
