@@ -75,6 +75,16 @@ class EngineConfig(Section):
     queue_params: Params = {}  # tiered: {by, tiers: [...]}
     preemption_mode: one_of("recompute", "swap", text="must be recompute or swap") = "recompute"  # type: ignore[valid-type]
     swap_space_gib: number("must be > 0", gt=0) = 4.0  # type: ignore[valid-type]  # CPU swap space per GPU, vLLM v0's
+    # vLLM's --kv-offloading-size (GiB, summed over the TP ranks; None or 0: off) and
+    # --kv-offloading-backend: a CPU tier of KV blocks behind the prefix cache (kvcache/offload.py)
+    kv_offloading_size: number("must be a number of GiB >= 0", ge=0) | None = None  # type: ignore[valid-type]
+    kv_offloading_backend: one_of("native", "lmcache") = "native"  # type: ignore[valid-type]
+    # the CPU tier's eviction: lru (vLLM's LRUCachePolicy) | lru_ttl (ours); params: lru_ttl's ttl_s
+    kv_offloading_eviction_policy: Name = "lru"
+    kv_offloading_eviction_params: Params = {}
+    # host memory of the node the replica runs on, the bound for kv_offloading_size + swap space;
+    # default 2048 GiB: DGX H100 / H200 system memory, 2 TB (NVIDIA DGX H100/H200 datasheet)
+    host_memory_gib: number("must be > 0", gt=0) = 2048  # type: ignore[valid-type]
     # vLLM 0.33's default: admit a waiting request only if its whole sequence fits the KV pool
     scheduler_reserve_full_isl: Bool = True
     backend: one_of("kvsim", "vllm", text="must be kvsim or vllm") = "kvsim"  # type: ignore[valid-type]  # vllm: docs/parity.md
@@ -97,6 +107,21 @@ class EngineConfig(Section):
             raise fail(f".prefill_chunk_size ({self.prefill_chunk_size}) and max_num_batched_tokens "
                        f"({self.max_num_batched_tokens}) name the same budget; set one of them")
         return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """Section.to_dict, less the CPU offload tier's fields while the tier is off and they
+        hold their defaults: a run without the tier writes the config.yaml it wrote before."""
+        d = super().to_dict()
+        if not self.kv_offloading_size:
+            for name in OFFLOAD_FIELDS:
+                if d[name] == EngineConfig.model_fields[name].default:
+                    del d[name]
+        return d
+
+
+# engine fields of the CPU offload tier (EngineConfig.to_dict leaves them out while it is off)
+OFFLOAD_FIELDS = ("kv_offloading_size", "kv_offloading_backend", "kv_offloading_eviction_policy",
+                  "kv_offloading_eviction_params", "host_memory_gib")
 
 
 class SimConfig(Section):

@@ -30,6 +30,7 @@ from simulator.engine.costmodel import CostModel
 from simulator.engine.kvcache import ALLOCATORS
 from simulator.engine.kvcache.eviction import EVICTION_POLICIES
 from simulator.engine.kvcache.hybrid import layout_params
+from simulator.engine.kvcache.offload import build_offload, check_offload, num_cpu_blocks
 from simulator.engine.protocols import Backend, KVContext, QueueContext, SchedulerInterface
 from simulator.engine.routers import ROUTERS
 from simulator.engine.scheduling import BATCHING_MODES, QUEUE_POLICIES, Scheduler
@@ -70,6 +71,7 @@ class Setup:
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
     backend: Backend | None = field(default=None, repr=False)
     kv_allocator: str = ""  # the allocator built: engine.kv_allocator, or hybrid (see setup)
+    offload_params: dict[str, Any] | None = None  # the CPU offload tier's eviction params (None: off)
 
     def lines(self) -> list[str]:
         e = self.engine
@@ -83,7 +85,16 @@ class Setup:
             *self.memory.lines(e.max_model_len),
             self.cost.describe(),
             *(self.backend.lines() if self.backend is not None else []),
+            *([self.offload_line()] if self.offload_params is not None else []),
         ]
+
+    def offload_line(self) -> str:
+        """vLLM logs the CPU tier's size when --kv-offloading-size is set; kvsim says it here."""
+        eng, link = self.config.engine, self.gpu
+        n = num_cpu_blocks(eng.kv_offloading_size, self.memory.block_bytes, self.engine.tensor_parallel_size)
+        return (f"CPU offload tier: {eng.kv_offloading_size:g} GiB, {n:,} blocks "
+                f"({n * self.engine.block_size:,} tokens), eviction {eng.kv_offloading_eviction_policy}, "
+                f"host link {link.host_link_gbps:g} GB/s + {link.host_link_latency_us:g} us a transfer")
 
     def format_info(self) -> dict[str, Any]:
         """The storage and parallelism settings that differ from vLLM's defaults (kv_cache_dtype,
@@ -125,7 +136,8 @@ def setup(config: SimConfig) -> Setup:
     """Steps: 1. names and plug-in params (a typo is the first error shown, before any memory
     math); 2. the backend's own rules; 3. vLLM's defaults for the GPU (resolve_engine);
     4. the memory plan (num_gpu_blocks; engine.kv_cache_dtype, quantization, expert parallelism);
-    5. the cost model; 6. the allocator: hybrid for a hybrid KV cache layout."""
+    5. the cost model; 6. the allocator: hybrid for a hybrid KV cache layout; 7. the CPU
+    offload tier's rules (kvcache/offload.py), when engine.kv_offloading_size is set."""
     eng = config.engine
     model = get_model(config.model)
     gpu = get_gpu(config.gpu)
@@ -170,7 +182,12 @@ def setup(config: SimConfig) -> Setup:
                      max_num_seqs=engine.max_num_seqs, kv_cache_dtype=eng.kv_cache_dtype,
                      quantization=eng.quantization, enable_expert_parallel=eng.enable_expert_parallel,
                      data_parallel_size=cluster.replicas)
-    return Setup(config, model, gpu, engine, memory, cost, params, cluster, backend, allocator)
+    # 7. the CPU offload tier (vLLM's --kv-offloading-size), when on
+    offload = check_offload(eng, kv_allocator=allocator, block_bytes=memory.block_bytes,
+                            tp=engine.tensor_parallel_size,
+                            swap_gib=eng.swap_space_gib if eng.preemption_mode == "swap" else 0.0)
+    return Setup(config, model, gpu, engine, memory, cost, params, cluster, backend, allocator,
+                 offload)
 
 
 def kv_context(s: Setup, workload: RequestArrays) -> KVContext:
@@ -208,11 +225,17 @@ class KvsimBackend:
                              tensors=2 * s.model.num_layers)
         queue = QUEUE_POLICIES.build(eng.queue_policy, s.params.queue, "engine.queue_params",
                                      QueueContext(e.max_num_seqs, kv.total_slots, workload.tier))
+        offload = None
+        if s.offload_params is not None:
+            offload = build_offload(kv, eng.kv_offloading_size, s.memory.block_bytes,
+                                    e.tensor_parallel_size, eng.kv_offloading_eviction_policy,
+                                    s.offload_params, s.gpu.host_link_gbps,
+                                    s.gpu.host_link_latency_us * 1e-6)
         return Scheduler(kv, queue, BATCHING_MODES.get(eng.scheduler)(),
                          max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
                          chunked_prefill=eng.enable_chunked_prefill, swap=swap,
                          reserve_full_isl=eng.scheduler_reserve_full_isl, vectorized=vectorized,
-                         window_tokens=s.cost.window_tokens)
+                         window_tokens=s.cost.window_tokens, offload=offload)
 
     def lines(self) -> list[str]:
         return []

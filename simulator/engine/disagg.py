@@ -98,6 +98,11 @@ def resolve_disagg(config: SimConfig) -> DisaggSpec:
         # batching does not hold
         raise ConfigError(f"cluster.mode disaggregated: engine.scheduler must be continuous, got "
                           f"{config.engine.scheduler}")
+    if config.engine.kv_offloading_size:
+        # NOTE: both features hold blocks outside the GPU pool (a load in flight, a pull in
+        # flight); their interplay is not modelled, so the run is refused rather than guessed
+        raise ConfigError(f"cluster.mode disaggregated: engine.kv_offloading_size must be off (the CPU "
+                          f"offload tier runs colocated only), got {config.engine.kv_offloading_size}")
     setups = {}
     for pool in POOLS:
         try:

@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     from simulator.workload.generators import RequestArrays
 
 __all__ = ["Backend", "Batch", "BatchingMode", "ClusterView", "EvictionPolicy", "KVCacheManager",
-           "KVCacheView", "KVContext", "KVStats", "PluginParams", "QueueContext", "QueuePolicy", "Router",
+           "KVCacheView", "KVContext", "KVStats", "OffloadStats", "PluginParams", "QueueContext",
+           "QueuePolicy", "Router",
            "RouterContext", "SchedulerInterface", "SchedulerStats", "StepRecord", "SwapStats"]
 
 
@@ -77,6 +78,28 @@ class SwapStats:
 
 
 @dataclass(slots=True)
+class OffloadStats:
+    """CPU offload tier traffic so far (kvcache/offload.py; vLLM's --kv-offloading-size)."""
+
+    size_gib: float
+    num_cpu_blocks: int
+    block_size: int
+    hit_tokens: int = 0  # tokens loaded from the CPU tier at first admissions
+    num_loads: int = 0
+    loaded_blocks: int = 0
+    num_stores: int = 0
+    stored_blocks: int = 0
+    store_failures: int = 0  # offers refused (too few evictable CPU blocks), retried
+    num_deferred: int = 0  # lookups deferred (a block of the hit still in flight)
+    num_evictions: int = 0
+    bytes_loaded: int = 0
+    bytes_stored: int = 0
+    load_seconds: float = 0.0  # host-link time of the loads (not charged to steps)
+    store_seconds: float = 0.0
+    load_wait_s: float = 0.0  # sum over loads of (end - start), queueing on the link included
+
+
+@dataclass(slots=True)
 class SchedulerStats:
     """What the scheduler knows after a commit: gauges, the step's token gaps, running totals."""
 
@@ -87,6 +110,7 @@ class SchedulerStats:
     num_preemptions: int  # so far (recompute and swap)
     token_gaps: np.ndarray | None = None  # inter-token gaps sampled by the last commit
     swap: SwapStats | None = None  # None: no swap space
+    offload: OffloadStats | None = None  # None: no CPU offload tier
 
 
 @dataclass(slots=True)
@@ -102,6 +126,8 @@ class Batch:
     swap_s: float | None = None  # GPU<->CPU swap time charged to this step (None: no swap space)
     preempted: list[Request] = field(default_factory=list)  # victims, in preemption order
     admitted: list[tuple[int, int]] = field(default_factory=list)  # (req_id, prefix-hit tokens)
+    # nothing runnable but transfers in flight (CPU offload tier): sleep until then (or an arrival)
+    wait_until_s: float | None = None
 
 
 # --- build contexts: what a plug-in may know when it is built --------------------------------

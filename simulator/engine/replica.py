@@ -135,6 +135,11 @@ class Replica:
                     self._wake = None
                 continue
             if shape.num_tokens == 0:
+                if batch.wait_until_s is not None:  # only transfers in flight (kvcache/offload.py)
+                    self._wake = env.event()
+                    yield self._wake | env.timeout(max(batch.wait_until_s - start, 0.0))
+                    self._wake = None
+                    continue
                 s = sched.stats()
                 raise RuntimeError(
                     f"scheduler made no progress at t={start:.6f}s with {s.num_running} running "

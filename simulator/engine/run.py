@@ -33,6 +33,7 @@ from simulator.engine.advance import ArrivalClock
 from simulator.engine.build import Setup, setup
 from simulator.engine.cluster import Cluster, MergedRecorder, cluster_section
 from simulator.engine.disagg import run_disaggregated
+from simulator.engine.kvcache.offload import offload_summary
 from simulator.engine.protocols import RouterContext, SchedulerInterface, SchedulerStats
 from simulator.engine.replica import Replica, feed_arrivals
 from simulator.engine.routers import ROUTERS
@@ -154,6 +155,8 @@ def add_engine_sections(summary: dict[str, Any], stats: SchedulerStats) -> None:
             name: (float(f(idle)) if len(idle) else None)
             for name, f in (("mean", np.mean), ("p50", np.median),
                             ("p99", lambda x: np.percentile(x, 99)))}
+    if stats.offload is not None:  # the CPU offload tier's section (kvcache/offload.py)
+        summary["kv_offload"] = offload_summary(stats.offload, summary["prefix_cache"])
     swap = stats.swap
     if swap is not None:
         busy = summary["busy_s"]

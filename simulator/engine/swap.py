@@ -19,6 +19,26 @@ from simulator.errors import ConfigError
 from simulator.workload.request import Request
 
 
+class HostLink:
+    """One direction of the GPU <-> host link (PCIe): a move of `nbytes` in `transfers` copies
+    takes transfers * latency + nbytes / bandwidth. Used by swap preemption and by the CPU
+    offload tier (kvcache/offload.py), which also queues its moves on it (`busy_until_s`)."""
+
+    def __init__(self, link_gbps: float, latency_s: float) -> None:
+        self.link_bps = link_gbps * 1e9
+        self.latency_s = latency_s
+        self.busy_until_s = 0.0  # a FIFO of transfers: the next one starts when this one ends
+
+    def transfer_s(self, nbytes: int, transfers: int = 1) -> float:
+        return transfers * self.latency_s + nbytes / self.link_bps
+
+    def submit(self, now: float, nbytes: int, transfers: int = 1) -> float:
+        """Queue a transfer submitted at `now` behind those in flight; returns its end time."""
+        end = max(now, self.busy_until_s) + self.transfer_s(nbytes, transfers)
+        self.busy_until_s = end
+        return end
+
+
 class SwapSpace:
     def __init__(self, capacity_bytes: int, block_size: int, bytes_per_token: int,
                  link_gbps: float, latency_s: float, per_block_transfers: bool = True,
@@ -30,8 +50,7 @@ class SwapSpace:
         self.block_size = block_size
         self.bytes_per_token = bytes_per_token
         self.capacity_blocks = capacity_bytes // block_bytes
-        self.link_bps = link_gbps * 1e9
-        self.latency_s = latency_s
+        self.link = HostLink(link_gbps, latency_s)
         self.per_block_transfers = per_block_transfers
         self.tensors = tensors  # KV tensors copied separately (2 * layers in vLLM v0)
         self.req_to_blocks: dict[int, int] = {}
@@ -53,7 +72,7 @@ class SwapSpace:
     def _move(self, blocks: int) -> float:
         nbytes = blocks * self.block_size * self.bytes_per_token
         transfers = (blocks if self.per_block_transfers else 1) * self.tensors
-        t = transfers * self.latency_s + nbytes / self.link_bps
+        t = self.link.transfer_s(nbytes, transfers)
         self.bytes_moved += nbytes
         self.seconds += t
         return t

@@ -20,12 +20,14 @@ from array import array
 
 import numpy as np
 
+from simulator.config.registry import Registry
 from simulator.engine.kvcache.eviction import EVICTION_POLICIES
 
 
 class BlockPool:
     def __init__(self, num_blocks: int, eviction: str = "lru",
-                 eviction_params: dict | None = None) -> None:
+                 eviction_params: dict | None = None, policies: Registry = EVICTION_POLICIES,
+                 where: str = "engine.eviction_params") -> None:
         if num_blocks < 2:
             raise ValueError(f"a block pool needs >= 2 blocks (one is the null block), got {num_blocks}")
         self.num_blocks = num_blocks
@@ -37,8 +39,8 @@ class BlockPool:
         self.freed_s = [0.0] * num_blocks
         self.num_hits = [0] * num_blocks
         self.cached: dict[int, dict[int, None]] = {}  # hash -> {block_id: None}, caching order
-        self.free_queue = EVICTION_POLICIES.build(eviction, eviction_params, "engine.eviction_params",
-                                                  self, range(1, num_blocks))
+        # `policies`: the registry the free queue comes from (the CPU offload tier has its own)
+        self.free_queue = policies.build(eviction, eviction_params, where, self, range(1, num_blocks))
         self.num_evictions = 0
         self.evicted_idle_s = array("d")  # now - last access, for every evicted cached block
 

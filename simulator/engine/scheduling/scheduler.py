@@ -14,6 +14,10 @@ One step (`schedule`), mirroring vLLM v1's `Scheduler.schedule`:
    the first one that does not fit stops admission (head-of-line, as vLLM). With
    `reserve_full_isl` (vLLM 0.33's scheduler_reserve_full_isl, on by default) the room asked
    for at admission is the request's whole token sequence, not just its first chunk.
+With a CPU offload tier (kvcache/offload.py, vLLM's --kv-offloading-size), step 3 also asks it
+for the blocks that follow a request's GPU prefix hit: on a hit the request takes its GPU
+blocks and leaves the queue while they load, then comes back at the front (vLLM's
+WAITING_FOR_REMOTE_KVS); `commit` offers the prompt blocks each step completed for storing.
 Without chunked prefill (vLLM v0's prefill-first steps) a step runs whole prompts if any can
 run, else one decode per running request (`_schedule_prefill_first`).
 `commit` then applies the step: computed tokens advance; a request that reached its
@@ -40,6 +44,7 @@ from simulator.engine.scheduling.running import RunningBatch
 from simulator.workload.request import Request, Status
 
 if TYPE_CHECKING:
+    from simulator.engine.kvcache.offload import OffloadConnector
     from simulator.engine.swap import SwapSpace
 
 
@@ -50,7 +55,8 @@ class Scheduler:
     def __init__(self, kv: KVCacheManager, queue: QueuePolicy, batching: BatchingMode, *,
                  max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool = True,
                  swap: SwapSpace | None = None, reserve_full_isl: bool = True,
-                 vectorized: bool = True, window_tokens: int = 0) -> None:
+                 vectorized: bool = True, window_tokens: int = 0,
+                 offload: OffloadConnector | None = None) -> None:
         self.kv = kv
         self.window_tokens = window_tokens  # > 0: sliding window, for StepShape.window_kv_tokens
         self.queue = queue
@@ -60,6 +66,7 @@ class Scheduler:
         # False: vLLM v0's prefill-first steps (whole prompts, no decodes alongside)
         self.chunked_prefill = chunked_prefill
         self.swap = swap
+        self.offload = offload  # the CPU offload tier (kvcache/offload.py), None: off
         self.step_swap_s = 0.0  # swap time charged to the step being scheduled
         self.running = RunningBatch(max_num_seqs)
         self.num_preemptions = 0
@@ -94,7 +101,8 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running.m or len(self.queue) or self.kv_holding)
+        return bool(self.running.m or len(self.queue) or self.kv_holding
+                    or (self.offload is not None and self.offload.num_loading))
 
     def admit(self, req: Request, num_computed: int, capacity: int, now: float) -> int:
         slot = self.running.append(req, num_computed, capacity)
@@ -136,6 +144,9 @@ class Scheduler:
         self.kv.now = now
         self.step_swap_s = 0.0
         self._admitted = []
+        if self.offload is not None:  # loads that ended: back to the front of the line
+            for req in reversed(self.offload.poll(now)):
+                self.queue.prepend(req)
         if not self.chunked_prefill:
             return self._schedule_prefill_first(now)
         formed = self.batching.form_batch(self, now)
@@ -245,13 +256,24 @@ class Scheduler:
         admitted = 0
         swap = self.swap
         holding = self.kv_holding
+        offload = self.offload
         while (holding or len(self.queue)) and budget > 0 and self.running.m < self.max_num_seqs:
             req = holding[0] if holding else self.queue.peek()
             if req is None:  # the policy admits nobody now (a tier at its share cap)
                 break
             swapped = swap is not None and swap.holds(req)
+            # back from a CPU-tier load (offload.py): it holds its blocks and computed tokens
+            swapped |= offload is not None and req.num_computed_tokens > 0
             computed = (req.num_computed_tokens if swapped or holding
                         else self.kv.get_computed_tokens(req))
+            if offload is not None and not swapped and not holding:
+                ext = offload.match(req, computed)  # past the GPU hit; None: blocks in flight
+                if ext is None or (ext and not offload.start_load(req, computed, ext, now,
+                                                                  self.reserve_full_isl)):
+                    break
+                if ext:  # out of line until its load ends
+                    self.queue.pop()
+                    continue
             num_new = req.num_tokens - computed
             if whole and num_new > budget:
                 break
@@ -264,7 +286,7 @@ class Scheduler:
                 holding.popleft()
             else:
                 self.queue.pop()
-            if swapped:
+            if swapped and swap is not None and swap.holds(req):
                 self.step_swap_s += swap.swap_in(req)
             slot = self.admit(req, computed, cap, now)
             self.running.n[slot] = num_new
@@ -340,7 +362,8 @@ class Scheduler:
         )
         return Batch(shape, num_seqs, t - decodes, decodes,
                      len(preempted), num_admitted, None if self.swap is None else self.step_swap_s,
-                     preempted, self._admitted)
+                     preempted, self._admitted,
+                     None if self.offload is None or t else self.offload.next_event_s())
 
     def commit(self, now: float) -> list[Request]:
         """Apply the step that just ran: advance tokens, sample, finish. Returns finished."""
@@ -360,6 +383,9 @@ class Scheduler:
         last[sampled] = now
         done = sampled & (out >= rb.target_out[:m])
         finished: list[Request] = []
+        if self.offload is not None:  # before the finished leave the batch: store offers
+            self.offload.offer(rb.reqs, rb.computed[:m], n, rb.tokens[:m], rb.num_out[:m],
+                               [rb.reqs[i] for i in np.flatnonzero(done).tolist()], now)
         if done.any():
             for i in np.flatnonzero(done).tolist():
                 req = rb.write_back(i)
@@ -494,8 +520,8 @@ class Scheduler:
         stored = kv.used_slots - int((rb.capacity[:m] - rb.computed[:m]).sum())
         swap = None if self.swap is None else self.swap.stats()
         return SchedulerStats(m, len(self.queue) + len(self.kv_holding), stored, kv,
-                              self.num_preemptions, self._gaps,
-                              swap)
+                              self.num_preemptions, self._gaps, swap,
+                              None if self.offload is None else self.offload.stats)
 
     def scheduled(self) -> dict[int, int]:
         """{req_id: tokens} of the step just scheduled, in running order (tests, traces)."""

@@ -29,11 +29,14 @@ class LRUWithTTLParams(PluginParams):
 
 @EVICTION_POLICIES.register("lru_ttl", params=LRUWithTTLParams)
 class LRUWithTTL(VersionedHeap):
+    # the order after the stale blocks (the CPU offload tier swaps in vLLM's ranked LRU)
+    fallback: type = LRU
+
     def __init__(self, pool: BlockPool, block_ids: range, ttl_s: float = 60.0) -> None:
         super().__init__(pool.num_blocks)
         self.pool = pool
         self.ttl_s = ttl_s
-        self._lru = LRU(pool, block_ids)
+        self._lru = self.fallback(pool, block_ids)
         for b in block_ids:
             self._push((pool.last_access_s[b],), b)
 
