@@ -414,7 +414,8 @@ class VllmScheduler:
     def scheduled(self) -> dict[int, int]:
         return dict(self._scheduled)
 
-    def decode_run(self, now: float, until_s: float, step_times, max_steps: int = 4096) -> None:
+    def decode_run(self, now: float, until_s: float, step_times, max_steps: int = 4096,
+                   inflight_s: float | None = None) -> None:
         """vLLM's scheduler is driven step by step (the reference): no decode runs."""
         return None
 

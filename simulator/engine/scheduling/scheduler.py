@@ -27,7 +27,9 @@ make identical decisions (tests/test_scheduler.py checks this).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -42,6 +44,17 @@ if TYPE_CHECKING:
     from simulator.engine.swap import SwapSpace
 
 
+@dataclass(slots=True)
+class _InFlight:
+    """Async: a scheduled step awaiting its commit: who samples (slots at schedule time, the
+    Requests, the tokens computed through the step) and the running batch's version then."""
+
+    idx: np.ndarray
+    reqs: list[Request]
+    reach: np.ndarray
+    version: int
+
+
 class Scheduler:
     """kvsim's step scheduler (protocols.SchedulerInterface) over a KV manager, a queue
     policy and a batching mode; `swap`: a SwapSpace (preempt by swapping while it has room)."""
@@ -49,7 +62,7 @@ class Scheduler:
     def __init__(self, kv: KVCacheManager, queue: QueuePolicy, batching: BatchingMode, *,
                  max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool = True,
                  swap: SwapSpace | None = None, reserve_full_isl: bool = True,
-                 vectorized: bool = True) -> None:
+                 vectorized: bool = True, async_scheduling: bool = False) -> None:
         self.kv = kv
         self.queue = queue
         self.batching = batching
@@ -59,7 +72,12 @@ class Scheduler:
         self.chunked_prefill = chunked_prefill
         self.swap = swap
         self.step_swap_s = 0.0  # swap time charged to the step being scheduled
-        self.running = RunningBatch(max_num_seqs)
+        # vLLM 0.33's AsyncScheduler: step n+1 is scheduled before step n's output (module
+        # docstring, "Async scheduling"); continuous, chunked, recompute only (schema.py)
+        self.async_scheduling = async_scheduling
+        self._inflight: deque[_InFlight] = deque()  # async: scheduled steps not yet committed
+        self._finishing: set[int] = set()  # async: preempted with their last token in flight
+        self.running = RunningBatch(max_num_seqs, async_scheduling)
         self.num_preemptions = 0
         self.num_swapped = 0
         self._admitted: list[tuple[int, int]] = []  # (req_id, prefix-hit tokens), this step
@@ -97,7 +115,16 @@ class Scheduler:
         """Swap the victim's KV to CPU when a swap space has room (it keeps its computed
         tokens), else recompute (vLLM v1: KV freed, computed tokens reset). Either way it goes
         back in line through the queue policy."""
-        req = self.running.write_back(i)
+        rb = self.running
+        req = rb.write_back(i)
+        last_in_flight = False
+        if self.async_scheduling:
+            # the outputs in flight are not the client's yet: they arrive (stale) at their
+            # commit; vLLM frees the blocks without hashing more (only `hashed` is cached)
+            ph = int(rb.ph[i])
+            req.num_output_tokens -= ph
+            req.num_computed_tokens = int(rb.hashed[i])
+            last_in_flight = ph > 0 and int(rb.num_out[i]) >= int(rb.target_out[i])
         swap = self.swap
         swapped = (swap is not None and req.num_computed_tokens
                    and swap.can_hold(req.num_computed_tokens))
@@ -113,7 +140,13 @@ class Scheduler:
         req.status = Status.PREEMPTED
         self.queue.on_stop(req)
         self.running.remove(i)
-        self.queue.prepend(req)
+        if last_in_flight:
+            # NOTE: vLLM puts it in the waiting queue and, when its last token arrives at the
+            # commit of the step in flight, finishes it from there; nothing reads the queue in
+            # between (a step that preempts admits nobody), so it waits outside the queue
+            self._finishing.add(req.req_id)
+        else:
+            self.queue.prepend(req)
         self.num_preemptions += 1
         return req
 
@@ -149,6 +182,9 @@ class Scheduler:
         while i < rb.m and budget > 0:
             m = rb.m
             want = rb.tokens[i:m] - rb.computed[i:m]
+            if self.async_scheduling:
+                # vLLM's AsyncScheduler: no extra step for a request whose last token is in flight
+                want[rb.num_out[i:m] >= rb.target_out[i:m]] = 0
             cum = np.cumsum(want)
             cum_before = cum - want
             count = int(np.searchsorted(cum_before, budget, side="left"))  # those with budget left
@@ -166,12 +202,19 @@ class Scheduler:
                 # by decoding too (a session's next turn can arrive while this turn still runs
                 # and resend its answer so far).
                 bs = kv.block_size
-                call |= reach // bs > computed // bs
+                if self.async_scheduling:
+                    # vLLM hashes up to min(reach, tokens the client has): a block filled by a
+                    # token still in flight is hashed one step later
+                    cap = np.minimum(reach, rb.tokens[i:i + count] - rb.ph[i:i + count])
+                    call |= (n > 0) & (cap // bs > rb.hashed[i:i + count] // bs)
+                else:
+                    call |= reach // bs > computed // bs
             needers = np.flatnonzero(call)
             if len(needers):
                 idx = (needers + i).tolist()
+                tokens = rb.tokens[idx] - rb.ph[idx] if self.async_scheduling else rb.tokens[idx]
                 caps = kv.allocate_slots_many([rb.reqs[j] for j in idx], n[needers].tolist(),
-                                              computed[needers].tolist(), rb.tokens[idx].tolist())
+                                              computed[needers].tolist(), tokens.tolist())
                 rb.capacity[idx[:len(caps)]] = caps
                 if len(caps) < len(idx):  # the manager ran out at request j
                     j = idx[len(caps)]
@@ -203,12 +246,20 @@ class Scheduler:
         req = rb.reqs[i]
         computed = int(rb.computed[i])
         num_new = min(int(rb.tokens[i]) - computed, budget)
+        tokens = int(rb.tokens[i])
+        if self.async_scheduling:
+            if rb.num_out[i] >= rb.target_out[i]:  # its last token is in flight: skip it
+                return budget, i + 1, False
+            tokens -= int(rb.ph[i])
+            hashed = int(rb.hashed[i])
+        else:
+            hashed = computed
         cap: int | None = int(rb.capacity[i])
         bs = kv.block_size
         if computed + num_new > cap or (  # see _schedule_running_vectorized for the 2nd clause
-                kv.caches_full_blocks and (computed + num_new) // bs > computed // bs):
+                kv.caches_full_blocks and min(computed + num_new, tokens) // bs > hashed // bs):
             while True:
-                cap = kv.allocate_slots(req, num_new, computed, num_tokens=int(rb.tokens[i]))
+                cap = kv.allocate_slots(req, num_new, computed, num_tokens=tokens)
                 if cap is not None:
                     break
                 v = self.queue.pick_victim(rb.reqs)
@@ -318,12 +369,35 @@ class Scheduler:
             num_seqs=num_seqs,
             num_prefill_tokens=t - decodes,
         )
+        if self.async_scheduling:
+            self._launch(scheduled, sampled, reach)
         return Batch(shape, num_seqs, t - decodes, decodes,
                      len(preempted), num_admitted, None if self.swap is None else self.step_swap_s,
                      preempted, self._admitted)
 
+    def _launch(self, scheduled: np.ndarray, sampled: np.ndarray, reach: np.ndarray) -> None:
+        """Async: the step just scheduled goes in flight (vLLM's _update_after_schedule):
+        computed tokens advance now, each request that samples gets an output placeholder, and
+        the step's samplers wait for its commit (`_inflight`)."""
+        rb = self.running
+        m = rb.m
+        if self.kv.caches_full_blocks:
+            tok = rb.tokens[:m] - rb.ph[:m]
+            np.maximum(rb.hashed[:m], np.where(scheduled, np.minimum(reach, tok), 0),
+                       out=rb.hashed[:m])
+        rb.computed[:m] = reach
+        rb.tokens[:m] += sampled
+        rb.num_out[:m] += sampled
+        rb.ph[:m] += sampled
+        idx = np.flatnonzero(sampled)
+        reqs = rb.reqs
+        self._inflight.append(_InFlight(idx, [reqs[i] for i in idx.tolist()], reach[idx],
+                                        rb.version))
+
     def commit(self, now: float) -> list[Request]:
         """Apply the step that just ran: advance tokens, sample, finish. Returns finished."""
+        if self.async_scheduling:
+            return self._commit_async(now)
         rb = self.running
         m = rb.m
         n = rb.n[:m]
@@ -353,8 +427,92 @@ class Scheduler:
         self._quiet = self._pure and not finished
         return finished
 
+    def _commit_async(self, now: float) -> list[Request]:
+        """Async: apply the output of the oldest step in flight (vLLM's update_from_output with
+        two batches in flight; the next step is already scheduled). Steps:
+        1. find its samplers: by their slots if the running batch kept its order since, else by
+           id; those no longer running were preempted after it was scheduled (stale output);
+        2. running samplers: the placeholder resolves into an output token emitted now (first
+           token or an inter-token gap); the prefix cache hashes the blocks the step filled
+           (vLLM's cache_blocks at update) when no later step did;
+        3. those that reached their output target finish: KV freed, out of the batch (vLLM
+           frees a finished request's blocks here, one step after the step that knew it);
+        4. stale outputs still reach the client (vLLM delivers them); one that was the request's
+           last token finishes it."""
+        fl = self._inflight.popleft()
+        rb = self.running
+        stale: list[Request] = []
+        idx = fl.idx
+        if fl.version != rb.version and len(idx):  # 1.
+            slot = {r.req_id: i for i, r in enumerate(rb.reqs)}
+            found = []
+            for j, req in enumerate(fl.reqs):
+                i = slot.get(req.req_id)
+                if i is None:
+                    stale.append(req)
+                else:
+                    found.append(j)
+            fl_reach = fl.reach[found]
+            idx = np.array([slot[fl.reqs[j].req_id] for j in found], np.int64)
+        else:
+            fl_reach = fl.reach
+        finished: list[Request] = []
+        gaps = None
+        done = None
+        if len(idx):  # 2.
+            rb.ph[idx] -= 1
+            mat = rb.num_out[idx] - rb.ph[idx]
+            first = mat == 1
+            last = rb.last_token[idx]
+            gaps = now - last[~first] if not first.all() else None
+            if first.any():
+                reqs = rb.reqs
+                for i in idx[first].tolist():
+                    reqs[i].first_token_s = now
+            rb.last_token[idx] = now
+            done = mat >= rb.target_out[idx]
+            kv = self.kv
+            if kv.caches_full_blocks:
+                bs = kv.block_size
+                late = (fl_reach // bs > rb.hashed[idx] // bs) & ~done
+                if late.any():
+                    for i, r in zip(idx[late].tolist(), fl_reach[late].tolist()):
+                        kv.allocate_slots(rb.reqs[i], 0, r,
+                                          num_tokens=int(rb.tokens[i] - rb.ph[i]))
+                        rb.hashed[i] = r
+        if done is not None and done.any():  # 3.
+            keep = np.ones(rb.m, bool)
+            for i in idx[done].tolist():
+                req = rb.write_back(i)
+                req.finish_s = now
+                req.status = Status.FINISHED
+                self.queue.on_stop(req)
+                self.kv.free(req)
+                finished.append(req)
+                keep[i] = False
+            rb.compress(keep)
+        if stale:  # 4.
+            extra = []
+            for req in stale:
+                req.num_output_tokens += 1
+                if req.num_output_tokens == 1:
+                    req.first_token_s = now
+                else:
+                    extra.append(now - req.last_token_s)
+                req.last_token_s = now
+                if req.req_id in self._finishing:
+                    self._finishing.discard(req.req_id)
+                    req.finish_s = now
+                    req.status = Status.FINISHED
+                    finished.append(req)
+            if extra:
+                gaps = np.asarray(extra) if gaps is None else np.concatenate((gaps, extra))
+        self._gaps = gaps
+        self._quiet = self._pure and not finished
+        return finished
+
     def decode_run(self, now: float, until_s: float, step_times: Callable[..., np.ndarray],
-                   max_steps: int = 4096) -> DecodeRun | None:
+                   max_steps: int = 4096, inflight_s: float | None = None) -> DecodeRun | None:
         """The next k pure-decode steps at once (engine/advance.py), or None when the next step
         may differ from the last (the caller then steps). Steps:
         1. precondition: the last step was a pure decode of every running request, committed
@@ -369,6 +527,8 @@ class Scheduler:
            SimPy adds them); k stops so the last step ends strictly before `until_s` (the next
            arrival) and the end is reachable by one exact SimPy delay;
         5. apply: blocks popped in order, counters advanced by k, the records as columns."""
+        if self.async_scheduling:
+            return None
         rb = self.running
         m = rb.m
         if not m:
