@@ -39,7 +39,8 @@ def register(sub, help: str) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field (as kvsim run)")
     p.add_argument("--case", help="a parity workload (fcfs-nocache, fcfs-cache, priority-nocache, "
-                                  "priority-cache), or all")
+                                  "priority-cache: async scheduling, vLLM's default; the same "
+                                  "with -sync: synchronous), or all")
     p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     p.add_argument("--seeds", type=int, default=1, metavar="N", help="seeds per case (default 1)")
     p.add_argument("--num-requests", type=int, default=500, metavar="N",
