@@ -2,7 +2,8 @@
 
 One JSON object per engine step, one line each (JSONL), in step order:
   step       0-based step index
-  t_s        simulated start time of the step
+  t_s        simulated time the step was scheduled: its start (sync), the start of the step
+             before it (async scheduling)
   scheduled  [[req_id, tokens], ...] in the order the scheduler scheduled them
   preempted  [req_id, ...] sorted (vLLM reports a set)
   admitted   [[req_id, prefix_hit_tokens], ...] requests (re)admitted this step, in order
@@ -57,15 +58,16 @@ class StepTrace:
         usage = run.columns["kv_usage"].tolist()
         starts = run.starts.tolist()
         pending = self._pending
-        for j, t in enumerate(starts[:-1]):
+        lag = 0 if run.next_batch is None else 1  # async: step j was scheduled when j-1 started
+        for j in range(len(starts) - 1):
             row = pending.popleft() if pending else {
-                "step": len(self.rows), "t_s": t, "scheduled": [list(x) for x in scheduled],
+                "step": len(self.rows), "t_s": starts[j - lag], "scheduled": [list(x) for x in scheduled],
                 "preempted": [], "admitted": []}
             row["finished"] = []
             row["kv_usage"] = usage[j]
             self.rows.append(row)
-        if run.next_batch is not None:
-            pending.append({"step": len(self.rows), "t_s": starts[-1],
+        if lag:
+            pending.append({"step": len(self.rows), "t_s": starts[-2],
                             "scheduled": [list(x) for x in scheduled], "preempted": [], "admitted": []})
 
     def write(self, path: str | Path) -> Path:

@@ -528,7 +528,7 @@ class Scheduler:
            arrival) and the end is reachable by one exact SimPy delay;
         5. apply: blocks popped in order, counters advanced by k, the records as columns."""
         if self.async_scheduling:
-            return None
+            return self._decode_run_async(now, until_s, step_times, max_steps, inflight_s)
         rb = self.running
         m = rb.m
         if not m:
@@ -618,6 +618,113 @@ class Scheduler:
             "swap_s": None if self.swap is None else np.float64(0.0),
             "kv_external_frag_slots": const(stats.external_frag_slots)}
         return DecodeRun(delay, starts, columns, gaps, m, list(rb.reqs))
+
+    def _decode_run_async(self, now: float, until_s: float, step_times: Callable[..., np.ndarray],
+                          max_steps: int, inflight_s: float | None) -> DecodeRun | None:
+        """decode_run under async scheduling: with step X in flight (started at `now`, lasting
+        `inflight_s`), k loop turns at once: schedule X+1..X+k, commit X..X+k-1; X+k is left
+        in flight (returned as next_batch). Steps:
+        1. precondition: X is a pure decode of every running request (each with one output in
+           flight, none at its last), the commit before it finished nothing, nothing arrived
+           since X was scheduled (`_quiet`); then schedule X+1 decides as X did;
+        2. k <= min(target - outputs with placeholders): no schedule skips a request whose last
+           token is in flight and no commit finishes one; k <= max_steps;
+        3. blocks: as decode_run (schedule X+1+j' takes request i's next block at the same
+           j' = capacity - computed + q * block_size; computed counts the token in flight);
+        4. times: step X+j-1 ends at T_j = T_{j-1} + its duration (X's is `inflight_s`, the
+           others the cost model's over numpy); schedule X+j runs at T_{j-1}; k stops so T_k
+           < until_s (the next arrival) and is reachable by one exact SimPy delay;
+        5. apply as decode_run; the tokens of step X+j-1 reach the client at T_j."""
+        rb = self.running
+        m = rb.m
+        if not m or not self._quiet or inflight_s is None:  # 1.
+            return None
+        kv = self.kv
+        room = kv.decode_room()
+        if room is None:
+            return None
+        k = min(int((rb.target_out[:m] - rb.num_out[:m]).min()), max_steps)  # 2.
+        if k < 1:
+            return None
+        bs = kv.block_size
+        c0 = rb.computed[:m]
+        j0 = rb.capacity[:m] - c0  # 3.
+        cnt = np.where(j0 < k, (k - j0 + bs - 1) // bs, 0)
+        total = int(cnt.sum())
+        if total:
+            ev_i = np.repeat(np.arange(m), cnt)
+            ev_j = j0[ev_i] + (np.arange(total) - np.repeat(np.cumsum(cnt) - cnt, cnt)) * bs
+            order = np.lexsort((ev_i, ev_j))
+            ev_i, ev_j = ev_i[order], ev_j[order]
+            if total > room:
+                k = int(ev_j[room])
+                if k < 1:
+                    return None
+        else:
+            ev_i = ev_j = np.zeros(0, np.int64)
+        c_sum = int(c0.sum())  # 4.
+        j = np.arange(k, dtype=np.int64)
+        kv_next = c_sum + m * (j + 1)  # the steps scheduled in the run, X+1..X+k
+        pairs_next = (c_sum + m * j + m).astype(np.float64)
+        d_next = step_times(m, pairs_next, kv_next)
+        starts = np.empty(k + 1)
+        starts[0] = now
+        starts[1] = inflight_s
+        starts[2:] = d_next[:k - 1]
+        np.cumsum(starts, out=starts)
+        k = min(k, int(np.searchsorted(starts[1:], until_s, side="left")))
+        if k < 1:
+            return None
+        delay = exact_delay(now, float(starts[k]))
+        if delay is None:
+            return None
+        starts = starts[:k + 1]
+        durations = np.concatenate(([inflight_s], d_next[:k - 1]))
+        n_ev = int(np.searchsorted(ev_j, k, side="left"))  # 5.
+        ev_i, ev_j = ev_i[:n_ev], ev_j[:n_ev]
+        stats = kv.stats()
+        if n_ev:
+            idx = ev_i.tolist()
+            reqs = rb.reqs
+            kv.take_decode_blocks([reqs[i] for i in idx], starts[ev_j].tolist())
+        taken = np.searchsorted(ev_j, j[:k], side="right")  # blocks taken by each record
+        used, usage = kv.decode_gauges(taken)
+        cap_sum = int(rb.capacity[:m].sum()) + bs * taken
+        stored = used - (cap_sum - (c_sum + m * (j[:k] + 1)))
+        if n_ev:
+            rb.capacity[:m] += bs * np.bincount(ev_i, minlength=m)
+        rb.computed[:m] += k
+        rb.tokens[:m] += k
+        rb.num_out[:m] += k
+        rb.n[:m] = 1
+        first = starts[1] - rb.last_token[:m]
+        gaps = np.concatenate((first, np.repeat(starts[2:] - starts[1:-1], m)))
+        rb.last_token[:m] = starts[k]
+        self._gaps = gaps[-m:]
+        kv.now = float(starts[k - 1])
+        self._admitted = []
+        self.step_swap_s = 0.0
+        fl = self._inflight[0]  # X's record becomes X+k's: same samplers, same slots
+        fl.reach = rb.computed[:m].copy()
+        full = np.int64(m)
+        zero = np.int64(0)
+
+        def const(value: int | None) -> np.generic | None:
+            return None if value is None else np.asarray(value)[()]
+        columns = {
+            "start_s": starts[:k], "duration_s": durations, "num_seqs": full,
+            "num_tokens": full, "prefill_tokens": zero, "decode_tokens": full,
+            "num_preempted": zero, "num_admitted": zero, "num_running": full,
+            "num_waiting": np.int64(len(self.queue)), "kv_used_slots": used,
+            "kv_usage": usage, "kv_tokens_stored": stored, "num_sampled": full,
+            "prefix_queries_total": const(stats.prefix_queries),
+            "prefix_hits_total": const(stats.prefix_hits),
+            "evictions_total": const(stats.num_evictions),
+            "swap_s": None if self.swap is None else np.float64(0.0),
+            "kv_external_frag_slots": const(stats.external_frag_slots)}
+        shape = StepShape(m, m, float(pairs_next[k - 1]), int(kv_next[k - 1]), m, 0)
+        nxt = Batch(shape, m, 0, m, 0, 0, None, [], [])
+        return DecodeRun(delay, starts, columns, gaps, m, list(rb.reqs), nxt, float(d_next[k - 1]))
 
     def stats(self) -> SchedulerStats:
         rb = self.running
