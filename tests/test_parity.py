@@ -1,10 +1,10 @@
 """kvsim's scheduler vs vLLM 0.33's own, step by step (needs the `vllm` extra; docs/parity.md).
 
 Each parity case (fcfs / priority x prefix caching off / on, on a KV pool that forces
-preemption, in async scheduling, vLLM 0.33's default, and sync) runs on both backends; every step's {request: tokens}, preemptions, admissions with
-their prefix-hit tokens, finishes and KV usage must be equal, and so must the end-to-end
-metrics. The default run checks one 500-request seed per case (about a minute with vLLM);
-`-m slow` runs the 20-seed matrix of the closing note.
+preemption, in async scheduling, vLLM 0.33's default, and sync) runs on both backends; every
+step's {request: tokens}, preemptions, admissions with their prefix-hit tokens, finishes and
+KV usage must be equal, and so must the end-to-end metrics. The default run checks one
+500-request seed per case (about three minutes with vLLM); `-m slow` runs the 20-seed matrix.
 """
 
 from __future__ import annotations
