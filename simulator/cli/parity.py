@@ -88,7 +88,8 @@ def main(args) -> int:
     check_out_file(args.json_out, "--json")
     import_vllm()  # a missing vLLM: one line on how to install the extra
     console = make_console()
-    console.print(f"vLLM {vllm_version()} (parity verified against {VLLM_VERSION}); sync Scheduler",
+    console.print(f"vLLM {vllm_version()} (parity verified against {VLLM_VERSION}); "
+                  "AsyncScheduler (async cases, two batches in flight) and sync Scheduler (-sync)",
                   highlight=False)
     rows, all_identical = [], True
     total = {"kvsim": 0.0, "vllm": 0.0}
