@@ -111,3 +111,19 @@ def test_preempted_with_last_token_in_flight_finishes_from_outside_the_queue():
     assert sorted(finished) == [0, 1]
     assert len(sched.queue) == 0 and not sched._finishing
     assert np.all(sched.running.ph[:sched.running.m] >= 0)
+
+
+def test_async_scheduling_resolves_as_vllm_does():
+    """Unset: on, except kvsim's synchronous modes (off); true with one: a one-line error."""
+    import pytest
+
+    from simulator.config.schema import build_config
+    from simulator.engine.build import setup
+    from simulator.errors import ConfigError
+    assert setup(build_config(None, [])).engine.async_scheduling is True
+    assert setup(build_config(None, [])).cost.async_scheduling is True
+    assert setup(build_config(None, ["engine.async_scheduling=false"])).cost.async_scheduling is False
+    for mode in ("engine.scheduler=static", "engine.preemption_mode=swap"):
+        assert setup(build_config(None, [mode])).engine.async_scheduling is False
+        with pytest.raises(ConfigError, match="engine.async_scheduling true is not supported"):
+            setup(build_config(None, [mode, "engine.async_scheduling=true"]))
