@@ -46,8 +46,8 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class _InFlight:
-    """Async: a scheduled step awaiting its commit: who samples (slots at schedule time, the
-    Requests, the tokens computed through the step) and the running batch's version then."""
+    """Async: a scheduled step awaiting its commit: who samples (their slots at schedule time,
+    the running list then, the tokens computed through the step) and the batch's version then."""
 
     idx: np.ndarray
     reqs: list[Request]
@@ -390,9 +390,9 @@ class Scheduler:
         rb.num_out[:m] += sampled
         rb.ph[:m] += sampled
         idx = np.flatnonzero(sampled)
-        reqs = rb.reqs
-        self._inflight.append(_InFlight(idx, [reqs[i] for i in idx.tolist()], reach[idx],
-                                        rb.version))
+        # the running list as it is now (a C-level copy): the samplers are reqs[idx] should the
+        # batch change before the commit
+        self._inflight.append(_InFlight(idx, list(rb.reqs), reach[idx], rb.version))
 
     def commit(self, now: float) -> list[Request]:
         """Apply the step that just ran: advance tokens, sample, finish. Returns finished."""
@@ -445,44 +445,60 @@ class Scheduler:
         idx = fl.idx
         if fl.version != rb.version and len(idx):  # 1.
             slot = {r.req_id: i for i, r in enumerate(rb.reqs)}
-            found = []
-            for j, req in enumerate(fl.reqs):
+            found, now_at = [], []
+            for j, i0 in enumerate(idx.tolist()):
+                req = fl.reqs[i0]
                 i = slot.get(req.req_id)
                 if i is None:
                     stale.append(req)
                 else:
                     found.append(j)
+                    now_at.append(i)
             fl_reach = fl.reach[found]
-            idx = np.array([slot[fl.reqs[j].req_id] for j in found], np.int64)
+            idx = np.array(now_at, np.int64)
         else:
             fl_reach = fl.reach
         finished: list[Request] = []
         gaps = None
         done = None
+        whole = len(idx) == rb.m  # every running request sampled (idx is then 0..m-1)
+        sel = slice(0, rb.m) if whole else idx  # NOTE: a slice, not fancy indexing (hot path)
+
+        def slots(mask: np.ndarray) -> list[int]:
+            return (np.flatnonzero(mask) if whole else idx[mask]).tolist()
         if len(idx):  # 2.
-            rb.ph[idx] -= 1
-            mat = rb.num_out[idx] - rb.ph[idx]
+            ph = rb.ph[sel]
+            ph -= 1
+            mat = rb.num_out[sel] - ph
             first = mat == 1
-            last = rb.last_token[idx]
-            gaps = now - last[~first] if not first.all() else None
+            last = rb.last_token[sel]
             if first.any():
+                gaps = now - last[~first]
                 reqs = rb.reqs
-                for i in idx[first].tolist():
+                for i in slots(first):
                     reqs[i].first_token_s = now
-            rb.last_token[idx] = now
-            done = mat >= rb.target_out[idx]
+            else:
+                gaps = now - last
+            if whole:
+                last[:] = now
+            else:
+                rb.ph[idx] = ph
+                rb.last_token[idx] = now
+            done = mat >= rb.target_out[sel]
             kv = self.kv
             if kv.caches_full_blocks:
                 bs = kv.block_size
-                late = (fl_reach // bs > rb.hashed[idx] // bs) & ~done
+                late = (fl_reach // bs > rb.hashed[sel] // bs) & ~done
                 if late.any():
-                    for i, r in zip(idx[late].tolist(), fl_reach[late].tolist()):
+                    for i, r in zip(slots(late), fl_reach[late].tolist()):
                         kv.allocate_slots(rb.reqs[i], 0, r,
                                           num_tokens=int(rb.tokens[i] - rb.ph[i]))
                         rb.hashed[i] = r
+            if not len(gaps):
+                gaps = None
         if done is not None and done.any():  # 3.
             keep = np.ones(rb.m, bool)
-            for i in idx[done].tolist():
+            for i in slots(done):
                 req = rb.write_back(i)
                 req.finish_s = now
                 req.status = Status.FINISHED
@@ -706,6 +722,7 @@ class Scheduler:
         self.step_swap_s = 0.0
         fl = self._inflight[0]  # X's record becomes X+k's: same samplers, same slots
         fl.reach = rb.computed[:m].copy()
+        fl.version = rb.version
         full = np.int64(m)
         zero = np.int64(0)
 
