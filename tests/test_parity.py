@@ -93,3 +93,27 @@ def test_golden_scenarios_step_for_step_on_vllm(kwargs, arrivals):
                            max_model_len=64, policy=kwargs.get("policy", "fcfs"),
                            reserve_full_isl=isl)
     assert drive(ours, arrivals) == drive(theirs, arrivals)
+
+
+@pytest.mark.parametrize("kwargs,arrivals", [
+    # tests/test_scheduler_async.py's scenarios: blocks freed a step later; a victim whose
+    # last token is in flight; priority self-preemption with outputs in flight
+    ({"num_blocks": 3, "block_size": 4, "budget": 8}, {0: [(4, 2), (6, 1)]}),
+    ({"num_blocks": 5, "block_size": 4, "budget": 16}, {0: [(7, 6), (4, 2)]}),
+    ({"num_blocks": 6, "block_size": 4, "budget": 16}, {0: [(5, 9), (3, 4)], 2: [(6, 3)], 4: [(2, 5)]}),
+    ({"num_blocks": 5, "block_size": 4, "budget": 16, "policy": "priority"},
+     {0: [(2, 6, 0), (2, 6, 5), (3, 6, 0)], 3: [(4, 3, 1)]}),
+])
+def test_async_golden_scenarios_step_for_step_on_vllm(kwargs, arrivals):
+    """Two batches in flight on both: vLLM's AsyncScheduler and kvsim's async mode."""
+    from test_scheduler_async import _async, drive_async
+
+    from simulator.backends.vllm import VllmScheduler
+    ours = _async(max_num_seqs=4, **kwargs)
+    theirs = VllmScheduler(num_blocks=kwargs["num_blocks"], block_size=kwargs["block_size"],
+                           max_num_seqs=4, max_num_batched_tokens=kwargs["budget"],
+                           max_model_len=64, policy=kwargs.get("policy", "fcfs"),
+                           async_scheduling=True)
+    a, b = drive_async(ours, arrivals), drive_async(theirs, arrivals)
+    assert a == b
+    assert sum(len(p) for _, _, p, _ in a) or kwargs["num_blocks"] == 3
