@@ -38,9 +38,10 @@ def register(sub, help: str) -> None:
     p.add_argument("config", nargs="?", help="YAML config (default: built-in)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field (as kvsim run)")
-    p.add_argument("--case", help="a parity workload (fcfs-nocache, fcfs-cache, priority-nocache, "
-                                  "priority-cache: async scheduling, vLLM's default; the same "
-                                  "with -sync: synchronous), or all")
+    p.add_argument("--case", help="a parity workload: fcfs-nocache, fcfs-cache, priority-nocache, "
+                                  "priority-cache (async scheduling, vLLM's default), "
+                                  "fcfs-nocache-sync, fcfs-cache-sync, priority-nocache-sync, "
+                                  "priority-cache-sync (synchronous); or all")
     p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     p.add_argument("--seeds", type=int, default=1, metavar="N", help="seeds per case (default 1)")
     p.add_argument("--num-requests", type=int, default=500, metavar="N",
