@@ -127,3 +127,34 @@ def test_async_scheduling_resolves_as_vllm_does():
         assert setup(build_config(None, [mode])).engine.async_scheduling is False
         with pytest.raises(ConfigError, match="engine.async_scheduling true is not supported"):
             setup(build_config(None, [mode, "engine.async_scheduling=true"]))
+
+
+def test_two_requests_by_hand_under_async(monkeypatch):
+    """tests/test_metrics.py's two requests (fixed 0.25 s steps; r0 at 0 prompt 20 output 3,
+    r1 at .375 prompt 10 output 2) with two batches in flight:
+      step  runs       scheduled at  what                       committed (tokens emitted)
+      1     0-.25      0             r0 prefill 20              .25  r0 1st token
+      2     .25-.5     0             r0 decode (placeholder)    .5   r0 2nd
+      3     .5-.75     .25           r0 decode, its last        .75  r0 3rd, r0 finishes
+      4     .75-1      .5            r1 prefill (r0 skipped)    1.0  r1 1st
+      5     1-1.25     .75           r1 decode, its last        1.25 r1 2nd, r1 finishes
+    the schedule at 1.0 finds only r1, its last token in flight: nothing runs.
+    Synchronously r1's prefill runs at .5-.75 (TTFT .375): async adds one step to it."""
+    from simulator.config.schema import build_config
+    from simulator.engine.costmodel import CostModel
+    from simulator.engine.run import run
+    from simulator.engine.steptrace import StepTrace
+    from simulator.workload.generators import RequestArrays
+    monkeypatch.setattr(CostModel, "step_time", lambda self, shape: 0.25)
+    wl = RequestArrays(np.array([0.0, 0.375]), np.array([20, 10], np.int64),
+                       np.array([3, 2], np.int64), np.zeros(2, np.int64))
+    trace = StepTrace()
+    res = run(build_config(None, ["engine.async_scheduling=true"]), wl, trace=trace)
+    assert [(r["t_s"], r["scheduled"], r["finished"]) for r in trace.rows] == [
+        (0.0, [[0, 20]], []), (0.0, [[0, 1]], []), (0.25, [[0, 1]], [0]),
+        (0.5, [[1, 10]], []), (0.75, [[1, 1]], [1])]
+    req = res.requests
+    assert (req["first_token_s"] - req["arrival_s"]).tolist() == [0.25, 0.625]
+    assert req["finish_s"].tolist() == [0.75, 1.25]
+    assert req["first_scheduled_s"].tolist() == [0.0, 0.5]
+    assert res.summary["batch"]["num_iterations"] == 5
