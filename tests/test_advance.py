@@ -48,6 +48,8 @@ scenario = st.fixed_dictionaries({
     "sessions": st.booleans(),
     "workload.arrival.rate": st.sampled_from([2.0, 10.0, 60.0]),
     "seed": st.integers(0, 3),
+    # unset: vLLM 0.33's default (async unless the mode is one that schedules synchronously)
+    "engine.async_scheduling": st.sampled_from([None, None, False]),
 })
 
 
@@ -67,6 +69,8 @@ def _overrides(s: dict) -> list[str]:
     for key in ("engine.kv_allocator", "engine.scheduler", "engine.enable_chunked_prefill",
                 "engine.enable_prefix_caching", "engine.queue_policy", "engine.preemption_mode"):
         out.append(f"{key}={str(s[key]).lower()}")
+    if s["engine.async_scheduling"] is not None:
+        out.append(f"engine.async_scheduling={str(s['engine.async_scheduling']).lower()}")
     if s["engine.num_gpu_blocks_override"] is not None:
         out.append(f"engine.num_gpu_blocks_override={s['engine.num_gpu_blocks_override']}")
     if s["engine.queue_policy"] == "tiered":
@@ -103,11 +107,17 @@ def test_event_level_advance_gives_byte_identical_outputs_many(s):
     _check_identical(s)
 
 
-def test_decode_runs_happen_and_cut_the_loop():
+@pytest.mark.parametrize("mode", [
+    # W1: prefill-first steps (synchronous, vLLM v0)
+    ["engine.enable_chunked_prefill=false", "engine.max_num_batched_tokens=4096"],
+    # chunked prefill, async scheduling (vLLM 0.33's default), two batches in flight
+    ["engine.async_scheduling=true", "engine.max_num_batched_tokens=512"],
+])
+def test_decode_runs_happen_and_cut_the_loop(mode):
     """W1-like light load: most steps come from decode runs, and the outputs are the same."""
-    overrides = ["engine.enable_chunked_prefill=false", "engine.enable_prefix_caching=false",
+    overrides = [*mode, "engine.enable_prefix_caching=false",
                  "workload.num_requests=40", "workload.arrival.rate=1.0", "model=llama-2-7b",
-                 "gpu=a100-80gb", "engine.max_num_batched_tokens=4096"]
+                 "gpu=a100-80gb"]
     with tempfile.TemporaryDirectory() as tmp:
         step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
         event, trace_e = _outputs(overrides, "event", Path(tmp) / "e")

@@ -116,8 +116,9 @@ def test_scheduler_gives_window_kv_and_event_advance_matches_steps():
         run(build_config(None, ["model=llama-3.1-8b", "workload.num_requests=3"]))
     finally:
         sched_mod.Scheduler._summarise = original
-    windowed = [s for s in seen if s[0]]
-    assert windowed and all(w == 128 and 0 < wkv <= kv for w, kv, wkv in windowed)
+    windowed = [s for s in seen if s[0] and s[1]]  # an empty schedule (async) reads nothing
+    bad = [s for s in windowed if not (s[0] == 128 and 0 < s[2] <= s[1])]
+    assert windowed and not bad, bad[:5]
     assert any(wkv < kv for _, kv, wkv in windowed)
     assert all(wkv == -1 for w, _, wkv in seen if not w)  # full attention: not computed
 

@@ -47,6 +47,7 @@ def cfg(*extra):
     (["engine.scheduler=static"], "engine.scheduler must be continuous, got static"),
     (["engine.kv_allocator=contiguous"], "the prefill pool's KV allocator must be paged"),
     (["engine.kv_offloading_size=32"], "engine.kv_offloading_size must be off"),
+    (["engine.async_scheduling=true"], "engine.async_scheduling true is not modelled for P/D pools"),
 ])
 def test_bad_pd_config_is_one_line(capsys, args, expected):
     sets = [x for a in [*PD, *args] for x in ("--set", a)]

@@ -101,8 +101,13 @@ def test_build_picks_hybrid_for_hybrid_layouts_only():
     base = {"gpu": "h100-sxm", "engine": {"max_model_len": 32768, "max_num_seqs": 256}}
     s = setup(from_dict({**base, "model": "gpt-oss-120b"}))
     assert s.kv_allocator == "hybrid"
+    # vLLM's max_in_flight_tokens = max_concurrent_batches x max_num_batched_tokens: two batches
+    # under async scheduling (vLLM 0.33's default), one when synchronous
     assert s.params.kv_allocator == {"groups": ("sliding_window:128", "full_attention"),
-                                     "max_in_flight_tokens": 8192}
+                                     "max_in_flight_tokens": 2 * 8192}
+    sync = setup(from_dict({**base, "model": "gpt-oss-120b",
+                            "engine": {**base["engine"], "async_scheduling": False}}))
+    assert sync.params.kv_allocator["max_in_flight_tokens"] == 8192
     assert s.lines()[0].startswith("model openai/gpt-oss-120b on h100-sxm x tp=1; hybrid KV")
     gemma = setup(from_dict({**base, "model": "gemma-3-27b"}))
     assert gemma.params.kv_allocator["groups"] == ("sliding_window:1024",) * 6 + ("full_attention",)

@@ -40,7 +40,8 @@ def fixed_step(monkeypatch):
 
 
 def run_two(**extra):
-    extra = {"slo": {"ttft_s": 0.3, "tpot_s": 0.25}, **extra}
+    # the step table above is synchronous scheduling's (async: tests/test_scheduler_async.py)
+    extra = {"slo": {"ttft_s": 0.3, "tpot_s": 0.25}, "engine.async_scheduling": False, **extra}
     return run(build_config(None, [], extra), two_requests())
 
 
@@ -121,7 +122,7 @@ def test_prefix_cache_hit_rate_by_hand(fixed_step):
     wl = RequestArrays(np.array([0.0, 0.375]), np.array([20, 20], np.int64),
                        np.array([3, 2], np.int64), np.zeros(2, np.int64), prefix=[[7], [7]],
                        prefix_block_tokens=16)
-    res = run(build_config(None, []), wl)
+    res = run(build_config(None, ["engine.async_scheduling=false"]), wl)
     pc = res.summary["prefix_cache"]
     assert (pc["queries"], pc["hits"], pc["hit_rate"]) == (40, 16, 0.4)
     # per request: r1's 16 cached tokens over the two finished prompts' 40 tokens

@@ -58,6 +58,8 @@ def test_bad_size_is_one_line(value, expect):
     (["engine.kv_offloading_size=4", "engine.kv_offloading_eviction_policy=lru_ttl",
       "engine.kv_offloading_eviction_params={ttl_s: -1}"],
      "engine.kv_offloading_eviction_params.ttl_s"),
+    (["engine.kv_offloading_size=4", "engine.async_scheduling=true"],
+     "engine.async_scheduling true is not supported with engine.kv_offloading_size"),
 ])
 def test_bad_tier_settings_are_one_line(sets, expect):
     with pytest.raises(ConfigError) as e:

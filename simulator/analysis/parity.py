@@ -4,7 +4,9 @@
 traces step by step (steptrace.first_divergence); the end-to-end metrics of both runs come
 with it. `CASES` are the parity matrix's named workloads: fcfs / priority, prefix caching
 off / on (shared system prompts and multi-turn sessions), on KV pools small enough to force
-preemption. Every case uses the same engine shape so that each seed runs in seconds.
+preemption, each in vLLM 0.33's default async scheduling (vLLM's AsyncScheduler, two batches
+in flight; the plain name) and synchronous (`-sync`, vLLM's Scheduler). Every case uses the
+same engine shape so that each seed runs in seconds.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ _TENANTS = [{"name": "interactive", "priority": 0, "tier": "interactive",
              "arrival": {"process": "poisson", "rate": 12.0}}]
 
 
-def _case(policy: str, caching: bool) -> dict[str, Any]:
+def _case(policy: str, caching: bool, async_scheduling: bool = True) -> dict[str, Any]:
     workload: dict[str, Any] = {"arrival": {"process": "poisson", "rate": 24.0}, **_LENGTHS}
     if caching:
         workload.update(copy.deepcopy(_SHARED))
@@ -42,16 +44,14 @@ def _case(policy: str, caching: bool) -> dict[str, Any]:
         if caching:  # a tenant that names no sharing of its own gets no prefix ids
             for tenant in workload["tenants"]:
                 tenant.update(copy.deepcopy(_SHARED))
-    return {"engine": {**_ENGINE, "queue_policy": policy, "enable_prefix_caching": caching},
+    return {"engine": {**_ENGINE, "queue_policy": policy, "enable_prefix_caching": caching,
+                       "async_scheduling": async_scheduling},
             "workload": workload}
 
 
 CASES: dict[str, dict[str, Any]] = {
-    "fcfs-nocache": _case("fcfs", False),
-    "fcfs-cache": _case("fcfs", True),
-    "priority-nocache": _case("priority", False),
-    "priority-cache": _case("priority", True),
-}
+    f"{policy}-{'cache' if caching else 'nocache'}{'' if mode else '-sync'}": _case(policy, caching, mode)
+    for mode in (True, False) for policy in ("fcfs", "priority") for caching in (False, True)}
 
 
 def case_config(case: str, seed: int, num_requests: int = 500,

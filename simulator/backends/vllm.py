@@ -22,6 +22,9 @@ One step (sync `Scheduler`):
    token for each request whose prefill is complete (none for a partial chunk) to
    `update_from_output`, and applies first-token / inter-token / finish events to kvsim's
    Request objects.
+With `async_scheduling` (vLLM's `AsyncScheduler`) the replica loop keeps two batches in flight
+as vLLM's EngineCore.step_with_batch_queue does: step n+1's `schedule()` runs before step n's
+`update_from_output`, so `commit` feeds the oldest scheduled step (a FIFO of scheduler outputs).
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ import json
 import os
 import tempfile
 from array import array
+from collections import deque
 from pathlib import Path
 
 import numpy as np
 
+from simulator.config.schema import resolve_async_scheduling
 from simulator.engine.cluster import resolve_cluster
 from simulator.engine.costmodel import StepShape
 from simulator.engine.protocols import Batch, KVStats, SchedulerInterface, SchedulerStats
@@ -278,9 +283,9 @@ class VllmScheduler:
                                        enable_prefix_caching=enable_prefix_caching,
                                        async_scheduling=async_scheduling,
                                        reserve_full_isl=reserve_full_isl)
-        if async_scheduling:
-            raise ConfigError("engine.backend vllm: async scheduling is not modelled yet; "
-                              "the backend drives vLLM's sync Scheduler")
+        self.async_scheduling = async_scheduling
+        # scheduled steps awaiting update_from_output, oldest first (two under async)
+        self._steps: deque[tuple[object, list[str]]] = deque()
         self.kv = VllmKV(self.vs, num_blocks, block_size, enable_prefix_caching)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -288,7 +293,6 @@ class VllmScheduler:
         self.reqs: dict[str, Request] = {}
         self.num_preemptions = 0
         self._gaps: np.ndarray | None = None  # inter-token gaps of the last commit
-        self._out = None
         self._scheduled: dict[int, int] = {}
         self._running_ids: set[str] = set()
 
@@ -314,18 +318,22 @@ class VllmScheduler:
         vs = self.vs
         self.kv.now = now
         out = vs.schedule()
-        self._out = out
         requests = vs.requests
         scheduled = out.num_scheduled_tokens
         n = np.fromiter(scheduled.values(), np.int64, len(scheduled))
         # vLLM advances num_computed_tokens inside schedule(); the step started from c
         c = np.fromiter((requests[r].num_computed_tokens for r in scheduled), np.int64, len(scheduled))
         c -= n
-        tokens = np.fromiter((requests[r].num_tokens for r in scheduled), np.int64, len(scheduled))
-        num_out = np.fromiter((requests[r].num_output_tokens for r in scheduled), np.int64,
+        # samples this step: not a partial prefill chunk (vLLM's is_prefill_chunk, set in
+        # schedule(); under async num_tokens + num_output_placeholders is the target)
+        sampled = np.fromiter((not requests[r].is_prefill_chunk for r in scheduled), bool,
                               len(scheduled))
+        # outputs before this step, placeholders of steps in flight included (a decode whose
+        # first token is still in flight is a decode, as kvsim counts it)
+        num_out = np.fromiter((requests[r].num_output_tokens + requests[r].num_output_placeholders
+                               for r in scheduled), np.int64, len(scheduled))
+        num_out -= sampled & self.async_scheduling
         reach = c + n
-        sampled = reach >= tokens
         decodes = int(np.count_nonzero(sampled & (n == 1) & (num_out > 0)))
         t = int(n.sum())
         shape = StepShape(num_tokens=t, num_sampled=int(np.count_nonzero(sampled)),
@@ -355,21 +363,23 @@ class VllmScheduler:
                     req.num_cached_tokens = hit
         self._running_ids = running_now
         self._scheduled = {int(r): int(k) for r, k in scheduled.items()}
-        self._sampled = [r for r, s in zip(scheduled, sampled.tolist()) if s]
+        self._steps.append((out, [r for r, s in zip(scheduled, sampled.tolist()) if s]))
         return Batch(shape, len(scheduled), t - decodes, decodes, len(preempted), len(admitted),
                      preempted=preempted, admitted=admitted)
 
     def commit(self, now: float) -> list[Request]:
-        """Feed the step's fake model output to vLLM; apply token and finish events."""
-        vs, out = self.vs, self._out
+        """Feed the oldest scheduled step's fake model output to vLLM (update_from_output);
+        apply token and finish events. Under async the next step is already scheduled, and a
+        request preempted since still gets its (stale) token, as vLLM delivers it."""
+        vs = self.vs
+        out, step_sampled = self._steps.popleft()
         requests = vs.requests
         req_ids = list(out.num_scheduled_tokens)
-        sampled = set(self._sampled)
+        sampled = set(step_sampled)
         token_ids = []
         for r in req_ids:
             if r in sampled:
-                vreq = requests[r]
-                pos = vreq.num_tokens  # the position the sampled token takes
+                pos = self.reqs[r].num_tokens  # the position the sampled token takes
                 token_ids.append(self.tokens.ids(self.reqs[r], pos, pos + 1))
             else:
                 token_ids.append([])
@@ -379,7 +389,7 @@ class VllmScheduler:
         self._take_prefix_stats(engine_outputs)
         gaps = []
         finished: list[Request] = []
-        for r in self._sampled:
+        for r in step_sampled:
             req = self.reqs[r]
             req.num_output_tokens += 1
             if req.num_output_tokens == 1:
@@ -414,7 +424,8 @@ class VllmScheduler:
     def scheduled(self) -> dict[int, int]:
         return dict(self._scheduled)
 
-    def decode_run(self, now: float, until_s: float, step_times, max_steps: int = 4096) -> None:
+    def decode_run(self, now: float, until_s: float, step_times, max_steps: int = 4096,
+                   inflight_s: float | None = None) -> None:
         """vLLM's scheduler is driven step by step (the reference): no decode runs."""
         return None
 
@@ -423,8 +434,11 @@ class VllmBackend:
     """engine.backend vllm (protocols.Backend): vLLM's scheduler and block pool per replica,
     over kvsim's num_gpu_blocks (memory math or num_gpu_blocks_override)."""
 
+    _async = False  # the run's resolved async_scheduling (set by check, shown by lines)
+
     def check(self, config) -> None:
         check_supported(config.engine)
+        self._async = resolve_async_scheduling(config.engine)
         cluster = resolve_cluster(config.cluster)
         if cluster.replicas > 1 and cluster.router == "prefix_affinity":
             raise ConfigError("unsupported with engine.backend vllm: cluster.router "
@@ -439,12 +453,14 @@ class VllmBackend:
                              max_model_len=e.max_model_len, policy=eng.queue_policy,
                              enable_prefix_caching=eng.enable_prefix_caching,
                              chunk_tokens=workload.prefix_block_tokens,
-                             reserve_full_isl=eng.scheduler_reserve_full_isl)
+                             reserve_full_isl=eng.scheduler_reserve_full_isl,
+                             async_scheduling=e.async_scheduling)
 
     def lines(self) -> list[str]:
         info = backend_info()
         return [f"backend: vLLM's own v1 Scheduler, vLLM {info['vllm_version']} (parity verified "
-                f"against {info['vllm_verified_version']}), sync"]
+                f"against {info['vllm_verified_version']}), "
+                f"{'AsyncScheduler, two batches in flight' if self._async else 'sync'}"]
 
     def info(self) -> dict[str, str]:
         return backend_info()

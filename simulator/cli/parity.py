@@ -38,8 +38,10 @@ def register(sub, help: str) -> None:
     p.add_argument("config", nargs="?", help="YAML config (default: built-in)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field (as kvsim run)")
-    p.add_argument("--case", help="a parity workload (fcfs-nocache, fcfs-cache, priority-nocache, "
-                                  "priority-cache), or all")
+    p.add_argument("--case", help="a parity workload: fcfs-nocache, fcfs-cache, priority-nocache, "
+                                  "priority-cache (async scheduling, vLLM's default), "
+                                  "fcfs-nocache-sync, fcfs-cache-sync, priority-nocache-sync, "
+                                  "priority-cache-sync (synchronous); or all")
     p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     p.add_argument("--seeds", type=int, default=1, metavar="N", help="seeds per case (default 1)")
     p.add_argument("--num-requests", type=int, default=500, metavar="N",
@@ -87,7 +89,8 @@ def main(args) -> int:
     check_out_file(args.json_out, "--json")
     import_vllm()  # a missing vLLM: one line on how to install the extra
     console = make_console()
-    console.print(f"vLLM {vllm_version()} (parity verified against {VLLM_VERSION}); sync Scheduler",
+    console.print(f"vLLM {vllm_version()} (parity verified against {VLLM_VERSION}); "
+                  "AsyncScheduler (async cases, two batches in flight) and sync Scheduler (-sync)",
                   highlight=False)
     rows, all_identical = [], True
     total = {"kvsim": 0.0, "vllm": 0.0}

@@ -73,6 +73,9 @@ def register(sub, help: str) -> None:
         vllm.add_argument(flag, type=typ, metavar=typ.__name__.upper(), help=f"engine.{field}")
     for flag, field in VLLM_SWITCHES.items():
         vllm.add_argument(flag, action="store_true", default=None, help=f"engine.{field}: true")
+    vllm.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                      help="engine.async_scheduling (default: vLLM 0.33's, on unless the mode "
+                           "schedules synchronously)")
     p.set_defaults(func=main)
 
 
@@ -120,6 +123,8 @@ def main(args: argparse.Namespace) -> int:
     for flag, field in VLLM_SWITCHES.items():
         if getattr(args, flag.lstrip("-").replace("-", "_")):
             extra[f"engine.{field}"] = True
+    if args.async_scheduling is not None:
+        extra["engine.async_scheduling"] = args.async_scheduling
     if args.seed is not None:
         extra["seed"] = args.seed
     if args.model:

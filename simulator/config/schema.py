@@ -99,6 +99,10 @@ class EngineConfig(Section):
     # event: pure-decode steps between events advance at once (docs/performance.md); step: one
     # step at a time (the reference; same outputs)
     advance: one_of("event", "step", text="must be event or step") = "event"  # type: ignore[valid-type]
+    # vLLM's --async-scheduling / --no-async-scheduling: schedule step n+1 while step n runs (two
+    # batches in flight). None: vLLM 0.33's default, on unless an incompatible option is set
+    # (resolve_engine); true with an incompatible option is an error, as in vLLM
+    async_scheduling: Bool | None = None
 
     @model_validator(mode="after")
     def _one_budget(self) -> EngineConfig:
@@ -265,6 +269,38 @@ class ResolvedEngine:
     max_num_seqs: int
     max_num_batched_tokens: int
     tensor_parallel_size: int
+    async_scheduling: bool = False
+
+
+def async_incompatible(engine: EngineConfig) -> str:
+    """The first kvsim option whose engine schedules synchronously, as 'engine.X value (why)',
+    or ''. vLLM 0.33 turns async scheduling off for options its AsyncScheduler cannot serve
+    (pooling models, pipeline parallelism, some speculative decoding; none of them modelled
+    here); kvsim's modes below are not vLLM v1's engine, whose AsyncScheduler is the only one
+    that schedules ahead."""
+    if not engine.enable_chunked_prefill:
+        return "engine.enable_chunked_prefill false (prefill-first steps are vLLM v0's, synchronous)"
+    if engine.scheduler == "static":
+        return "engine.scheduler 'static' (static batching forms a batch only when none runs)"
+    if engine.preemption_mode == "swap":
+        return "engine.preemption_mode 'swap' (swap preemption is vLLM v0's, synchronous)"
+    if engine.kv_offloading_size:
+        # NOTE: vLLM runs its OffloadingConnector under async scheduling too; kvsim's CPU tier
+        # (kvcache/offload.py) is modelled on the synchronous loop only so far
+        return "engine.kv_offloading_size (kvsim models the CPU offload tier on the synchronous loop only)"
+    return ""
+
+
+def resolve_async_scheduling(engine: EngineConfig) -> bool:
+    """vLLM 0.33's rule (vllm/config/vllm.py, VllmConfig.__post_init__): None -> True unless an
+    incompatible option is set (then False); True with one -> ConfigError; False -> False."""
+    bad = async_incompatible(engine)
+    if engine.async_scheduling is None:
+        return not bad
+    if engine.async_scheduling and bad:
+        raise ConfigError(f"engine.async_scheduling true is not supported with {bad}; set "
+                          f"engine.async_scheduling false or leave it unset")
+    return bool(engine.async_scheduling)
 
 
 def resolve_engine(engine: EngineConfig, gpu_name: str, gpu_memory_gib: float,
@@ -288,4 +324,5 @@ def resolve_engine(engine: EngineConfig, gpu_name: str, gpu_memory_gib: float,
         max_num_seqs=engine.max_num_seqs or (1024 if big else 256),
         max_num_batched_tokens=budget,
         tensor_parallel_size=engine.tensor_parallel_size,
+        async_scheduling=resolve_async_scheduling(engine),
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +44,9 @@ class DecodeRun:
     gaps: np.ndarray  # the steps' token gaps, in step order
     gaps_per_step: int  # every step samples one token per running request
     reqs: list  # the running batch (Requests), in running order (step traces)
+    # async scheduling: the step the run scheduled last, in flight when it ends (None: sync)
+    next_batch: Any = None  # protocols.Batch, a pure decode of `reqs`
+    next_duration: float = 0.0  # its duration (the cost model's)
 
 
 # NOTE: a cost model whose step_time was replaced (a test's fixed step) is evaluated step by

@@ -84,6 +84,9 @@ class Setup:
             *([", ".join(f"{k} {v}" for k, v in formats.items())] if formats else []),
             *self.memory.lines(e.max_model_len),
             self.cost.describe(),
+            *(["async scheduling: step n+1 is scheduled while step n runs (two batches in flight, "
+               "vLLM 0.33's default; engine.async_scheduling false: synchronous)"]
+              if e.async_scheduling else []),
             *(self.backend.lines() if self.backend is not None else []),
             *([self.offload_line()] if self.offload_params is not None else []),
         ]
@@ -155,9 +158,10 @@ def setup(config: SimConfig) -> Setup:
     backend: Backend = BACKENDS.get(eng.backend)()
     backend.check(config)
     engine = resolve_engine(eng, gpu.name, gpu.memory_gib, model.max_position_embeddings)
-    # NOTE: kvsim schedules one batch at a time (vLLM's max_concurrent_batches 1), so vLLM's
-    # max_in_flight_tokens is max_num_batched_tokens; with EP the experts spread over the DP
-    # ranks too, and kvsim's DP ranks are the cluster's replicas
+    # NOTE: vLLM's max_in_flight_tokens is max_concurrent_batches x max_num_batched_tokens: one
+    # batch in flight when scheduling synchronously, two with async scheduling; with EP the
+    # experts spread over the DP ranks too, and kvsim's DP ranks are the cluster's replicas
+    in_flight = (2 if engine.async_scheduling else 1) * engine.max_num_batched_tokens
     memory = plan_memory(model, gpu, tp=engine.tensor_parallel_size, block_size=engine.block_size,
                          gpu_memory_utilization=engine.gpu_memory_utilization,
                          max_num_batched_tokens=engine.max_num_batched_tokens,
@@ -167,7 +171,7 @@ def setup(config: SimConfig) -> Setup:
                          kv_cache_dtype=eng.kv_cache_dtype, quantization=eng.quantization,
                          enable_expert_parallel=eng.enable_expert_parallel,
                          data_parallel_size=cluster.replicas,
-                         max_in_flight_tokens=engine.max_num_batched_tokens,
+                         max_in_flight_tokens=in_flight,
                          hybrid_kv_cache_manager=not eng.disable_hybrid_kv_cache_manager)
     # 6. a model with several KV cache groups, or a sliding / chunked one, takes the hybrid
     # allocator (vLLM's HybridKVCacheCoordinator) in place of the paged one, its groups from the plan
@@ -176,11 +180,12 @@ def setup(config: SimConfig) -> Setup:
         allocator = "hybrid"
         user = eng.kv_allocator_params if eng.kv_allocator == "hybrid" else {}
         params = ValidatedParams(ALLOCATORS.validate_params(
-            "hybrid", {**layout_params(memory.kv_layout, engine.max_num_batched_tokens), **user},
+            "hybrid", {**layout_params(memory.kv_layout, in_flight), **user},
             "engine.kv_allocator_params"), eviction, queue, router)
     cost = CostModel(model, gpu, engine.tensor_parallel_size, engine.max_num_batched_tokens,
-                     max_num_seqs=engine.max_num_seqs, kv_cache_dtype=eng.kv_cache_dtype,
-                     quantization=eng.quantization, enable_expert_parallel=eng.enable_expert_parallel,
+                     max_num_seqs=engine.max_num_seqs, async_scheduling=engine.async_scheduling,
+                     kv_cache_dtype=eng.kv_cache_dtype, quantization=eng.quantization,
+                     enable_expert_parallel=eng.enable_expert_parallel,
                      data_parallel_size=cluster.replicas)
     # 7. the CPU offload tier (vLLM's --kv-offloading-size), when on
     offload = check_offload(eng, kv_allocator=allocator, block_bytes=memory.block_bytes,
@@ -235,7 +240,8 @@ class KvsimBackend:
                          max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
                          chunked_prefill=eng.enable_chunked_prefill, swap=swap,
                          reserve_full_isl=eng.scheduler_reserve_full_isl, vectorized=vectorized,
-                         window_tokens=s.cost.window_tokens, offload=offload)
+                         window_tokens=s.cost.window_tokens, offload=offload,
+                         async_scheduling=e.async_scheduling)
 
     def lines(self) -> list[str]:
         return []

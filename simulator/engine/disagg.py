@@ -80,6 +80,9 @@ def pool_config(config: SimConfig, pool: str) -> SimConfig:
     and engine, a colocated cluster of its replicas behind its router."""
     spec = config.cluster.prefill if pool == "prefill" else config.cluster.decode
     engine = config.engine.to_dict()
+    # NOTE: vLLM's KV connectors run under async scheduling too; kvsim's P/D pools are modelled on
+    # the synchronous loop only so far (resolve_disagg refuses an explicit true)
+    engine["async_scheduling"] = False
     if spec.tensor_parallel_size is not None:
         engine["tensor_parallel_size"] = spec.tensor_parallel_size
     return config.replace(gpu=spec.gpu or config.gpu, engine=engine,
@@ -98,6 +101,9 @@ def resolve_disagg(config: SimConfig) -> DisaggSpec:
         # batching does not hold
         raise ConfigError(f"cluster.mode disaggregated: engine.scheduler must be continuous, got "
                           f"{config.engine.scheduler}")
+    if config.engine.async_scheduling:
+        raise ConfigError("cluster.mode disaggregated: engine.async_scheduling true is not modelled for "
+                          "P/D pools yet (kvsim runs them synchronously); set it false or leave it unset")
     if config.engine.kv_offloading_size:
         # NOTE: both features hold blocks outside the GPU pool (a load in flight, a pull in
         # flight); their interplay is not modelled, so the run is refused rather than guessed
@@ -147,6 +153,7 @@ class _PrefillCost:
 
     def __init__(self, cost: CostModel, env: simpy.Environment, clock: DisaggClock) -> None:
         self.cost = cost
+        self.async_scheduling = cost.async_scheduling  # False: P/D pools run synchronously
         self.env = env
         self.clock = clock
 

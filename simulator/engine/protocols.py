@@ -281,9 +281,10 @@ class SchedulerInterface(Protocol):
         ...
 
     def decode_run(self, now: float, until_s: float, step_times: Callable[..., np.ndarray],
-                   max_steps: int = 4096) -> DecodeRun | None:
+                   max_steps: int = 4096, inflight_s: float | None = None) -> DecodeRun | None:
         """The next pure-decode steps at once, ending before until_s (engine/advance.py);
-        None: step instead."""
+        None: step instead. `inflight_s`: async scheduling, the duration of the step in flight
+        (it started at `now`)."""
         ...
 
 

@@ -6,7 +6,10 @@ Invariants:
 - the replica sleeps on an event when it has nothing to do and wakes on the next arrival;
 - a step that schedules nothing while work is pending is a bug and raises (never a hang);
 - the loop records nothing itself: each step's Batch and the scheduler's stats after commit
-  become one StepRecord for the metrics recorder (what is kept is the stats' business).
+  become one StepRecord for the metrics recorder (what is kept is the stats' business);
+- async scheduling (`run_async`, vLLM 0.33's EngineCore.step_with_batch_queue with two batches
+  in flight): step n+1 is scheduled when step n starts, before step n's output is committed;
+  step n+1 starts when step n ends; a step's tokens reach the client when it commits.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ class Replica:
         # when a transfer frees or lands them), not a bug
         self.may_stall = False
         self._wake: simpy.Event | None = None
-        self.process = env.process(self.run())
+        self.process = env.process(self.run_async() if cost.async_scheduling else self.run())
 
     def submit(self, req: Request, holds_kv: bool = False) -> None:
         """`holds_kv`: P/D, the request's KV arrived into blocks it holds (engine/disagg.py)."""
@@ -162,6 +165,96 @@ class Replica:
                 kv.external_frag_slots, s.token_gaps))
             if self.on_iteration is not None:
                 self.on_iteration()
+
+    def _record(self, start: float, duration: float, batch, finished: list[Request]) -> None:
+        """After a commit: the ended requests, and the step's record (with the stats now)."""
+        s = self.scheduler.stats()
+        kv = s.kv
+        if self.trace is not None:
+            self.trace.committed(finished, kv.usage)
+        for req in finished:
+            self._ended(req)
+        shape = batch.shape
+        self.recorder.record(StepRecord(
+            start, duration, batch.num_seqs, shape.num_tokens, batch.num_prefill_tokens,
+            batch.num_decode_tokens, batch.num_preempted, batch.num_admitted, s.num_running,
+            s.num_waiting, kv.used_slots, kv.usage, s.kv_tokens_stored, shape.num_sampled,
+            kv.prefix_queries, kv.prefix_hits, kv.num_evictions, batch.swap_s,
+            kv.external_frag_slots, s.token_gaps))
+        if self.on_iteration is not None:
+            self.on_iteration()
+
+    def _schedule(self, now: float):
+        """schedule(now) and its trace row (an empty step is traced only if it preempted)."""
+        batch = self.scheduler.schedule(now)
+        if self.trace is not None and (batch.shape.num_tokens or batch.preempted):
+            self.trace.scheduled(now, self.scheduler, batch)
+        return batch
+
+    def _stuck(self, now: float) -> RuntimeError:
+        s = self.scheduler.stats()
+        return RuntimeError(
+            f"scheduler made no progress at t={now:.6f}s with {s.num_running} running and "
+            f"{s.num_waiting} waiting ({s.kv.used_slots}/{self.kv.total_slots} KV slots used)")
+
+    def run_async(self):
+        """Async scheduling, two batches in flight (vLLM 0.33's EngineCore.step_with_batch_queue
+        with batch_queue_size 2). With step n in flight (it started now):
+        1. schedule step n+1 (it sees step n's tokens only as placeholders);
+        2. wait step n's duration (the cost model's async rule: max(host, device) + exposed);
+        3. commit step n (its tokens reach the client now, finished requests free their KV),
+           record it; step n+1 starts now.
+        An empty schedule (every running request's last token in flight, nobody admitted) runs
+        nothing: vLLM queues it and processes its empty output at once, so it commits at once
+        and the next schedule starts a new pair. With nothing in flight, step 1 schedules step n
+        itself first (after idling, as vLLM's first step). Pure-decode runs (decode_run) take
+        the k pipelined steps at once and leave the last one they scheduled in flight."""
+        env, sched = self.env, self.scheduler
+        step_time = self.cost.step_time
+        clock = self.clock
+        cost = self.cost
+        trace = self.trace
+
+        def step_times(m, pairs, kv_tokens):
+            return decode_step_times(cost, m, pairs, kv_tokens)
+        inflight = None  # (batch, duration) of the step that started at env.now
+        while True:
+            if inflight is None:
+                if not sched.has_work:
+                    if self.arrivals_done:
+                        return
+                    self._wake = env.event()
+                    yield self._wake
+                    self._wake = None
+                    continue
+                batch = self._schedule(env.now)
+                if batch.shape.num_tokens == 0:
+                    sched.commit(env.now)  # the empty step's (empty) output
+                    raise self._stuck(env.now)
+                inflight = (batch, step_time(batch.shape))
+            batch, duration = inflight
+            if clock is not None:
+                run = sched.decode_run(env.now, clock.next_s, step_times, inflight_s=duration)
+                if run is not None:
+                    yield env.timeout(run.delay)
+                    self.recorder.record_many(run.columns, run.gaps, run.gaps_per_step)
+                    if trace is not None:
+                        trace.decode_run(run)
+                    if self.on_iteration is not None:
+                        self.on_iteration()
+                    inflight = (run.next_batch, run.next_duration)
+                    continue
+            start = env.now
+            nxt = self._schedule(start) if sched.has_work else None  # 1.
+            yield env.timeout(duration)  # 2.
+            finished = sched.commit(env.now)  # 3.
+            self._record(start, duration, batch, finished)
+            inflight = None
+            if nxt is not None:
+                if nxt.shape.num_tokens:
+                    inflight = (nxt, step_time(nxt.shape))
+                else:
+                    sched.commit(env.now)  # the empty step: nothing ran, nothing to apply
 
 
 def feed_arrivals(env: simpy.Environment, workload: RequestArrays, target,

@@ -2,19 +2,22 @@
 
 One JSON object per engine step, one line each (JSONL), in step order:
   step       0-based step index
-  t_s        simulated start time of the step
+  t_s        simulated time the step was scheduled: its start (sync), the start of the step
+             before it (async scheduling)
   scheduled  [[req_id, tokens], ...] in the order the scheduler scheduled them
   preempted  [req_id, ...] sorted (vLLM reports a set)
   admitted   [[req_id, prefix_hit_tokens], ...] requests (re)admitted this step, in order
   finished   [req_id, ...] sorted
   kv_usage   vLLM's gauge after the step: 1 - free / (num_gpu_blocks - 1)
 Two backends made the same decisions exactly when their traces are equal line by line;
-`first_divergence` finds the first step where they are not.
+`first_divergence` finds the first step where they are not. Under async scheduling step n+1 is
+scheduled before step n commits: scheduled rows wait in order until their commit.
 """
 
 from __future__ import annotations
 
 import json
+from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,33 +31,44 @@ class StepTrace:
 
     def __init__(self) -> None:
         self.rows: list[dict] = []
-        self._pending: dict | None = None
+        self._pending: deque[dict] = deque()  # scheduled, not yet committed (two under async)
 
     def scheduled(self, start_s: float, sched: SchedulerInterface, batch: Batch) -> None:
         """Right after schedule(): the step's decisions."""
-        self._pending = {
-            "step": len(self.rows),
+        self._pending.append({
+            "step": len(self.rows) + len(self._pending),
             "t_s": start_s,
             "scheduled": [[r, n] for r, n in sched.scheduled().items()],
             "preempted": sorted(r.req_id for r in batch.preempted),
             "admitted": [[r, h] for r, h in batch.admitted],
-        }
+        })
 
     def committed(self, finished, kv_usage: float) -> None:
-        """Right after commit(): what finished, and the KV gauge."""
-        row = self._pending
+        """Right after commit(): what finished, and the KV gauge (of the oldest scheduled step)."""
+        row = self._pending.popleft()
         row["finished"] = sorted(r.req_id for r in finished)
         row["kv_usage"] = kv_usage
         self.rows.append(row)
-        self._pending = None
 
     def decode_run(self, run: DecodeRun) -> None:
-        """The steps of an event-level decode run, as step by step would have traced them."""
+        """The steps of an event-level decode run, as step by step would have traced them.
+        Async: the first was scheduled (and traced) before the run, and the run schedules one
+        more, traced here and committed after it."""
         scheduled = [[r.req_id, 1] for r in run.reqs]
         usage = run.columns["kv_usage"].tolist()
-        for j, t in enumerate(run.starts[:-1].tolist()):
-            self.rows.append({"step": len(self.rows), "t_s": t, "scheduled": [list(x) for x in scheduled],
-                              "preempted": [], "admitted": [], "finished": [], "kv_usage": usage[j]})
+        starts = run.starts.tolist()
+        pending = self._pending
+        lag = 0 if run.next_batch is None else 1  # async: step j was scheduled when j-1 started
+        for j in range(len(starts) - 1):
+            row = pending.popleft() if pending else {
+                "step": len(self.rows), "t_s": starts[j - lag], "scheduled": [list(x) for x in scheduled],
+                "preempted": [], "admitted": []}
+            row["finished"] = []
+            row["kv_usage"] = usage[j]
+            self.rows.append(row)
+        if lag:
+            pending.append({"step": len(self.rows), "t_s": starts[-2],
+                            "scheduled": [list(x) for x in scheduled], "preempted": [], "admitted": []})
 
     def write(self, path: str | Path) -> Path:
         path = Path(path)

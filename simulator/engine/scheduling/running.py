@@ -3,6 +3,12 @@
 Invariant: while a request runs, these columns are the truth for its counters (computed tokens,
 token count, outputs, KV capacity, tokens scheduled this step, last token time); they are
 written back to the Request object when it leaves (preemption or finish).
+
+Async scheduling (`async_scheduling=True`) keeps two more columns and a schedule-time view, as
+vLLM's Request does under its AsyncScheduler: `ph` = outputs in flight (vLLM's
+num_output_placeholders), counted in `tokens` and `num_out` already; `computed` includes the
+tokens of steps in flight; `hashed` = tokens whose full blocks the prefix cache has hashed.
+The materialized counts (what the client has) are tokens - ph and num_out - ph.
 """
 
 from __future__ import annotations
@@ -13,8 +19,9 @@ from simulator.workload.request import Request
 
 
 class RunningBatch:
-    def __init__(self, max_num_seqs: int) -> None:
+    def __init__(self, max_num_seqs: int, async_scheduling: bool = False) -> None:
         self.reqs: list[Request] = []
+        self.version = 0  # bumped whenever membership or order changes (async commits check it)
         self.computed = np.zeros(max_num_seqs, np.int64)
         self.tokens = np.zeros(max_num_seqs, np.int64)
         self.num_out = np.zeros(max_num_seqs, np.int64)
@@ -22,10 +29,13 @@ class RunningBatch:
         self.capacity = np.zeros(max_num_seqs, np.int64)
         self.n = np.zeros(max_num_seqs, np.int64)  # tokens scheduled this step
         self.last_token = np.zeros(max_num_seqs, np.float64)
+        self.ph = np.zeros(max_num_seqs, np.int64)  # async: outputs in flight
+        self.hashed = np.zeros(max_num_seqs, np.int64)  # async: tokens of hashed full blocks
+        self._cols = (self.computed, self.tokens, self.num_out, self.target_out, self.capacity,
+                      self.n, self.last_token) + ((self.ph, self.hashed) if async_scheduling else ())
 
     def _columns(self) -> tuple[np.ndarray, ...]:
-        return (self.computed, self.tokens, self.num_out, self.target_out, self.capacity, self.n,
-                self.last_token)
+        return self._cols
 
     @property
     def m(self) -> int:
@@ -41,6 +51,9 @@ class RunningBatch:
         self.capacity[i] = capacity
         self.n[i] = 0
         self.last_token[i] = req.last_token_s
+        self.ph[i] = 0
+        self.hashed[i] = num_computed
+        self.version += 1
         return i
 
     def write_back(self, i: int) -> Request:
@@ -55,6 +68,7 @@ class RunningBatch:
         for col in self._columns():
             col[i:m - 1] = col[i + 1:m]
         self.reqs.pop(i)
+        self.version += 1
 
     def compress(self, keep: np.ndarray) -> None:
         m = len(self.reqs)
@@ -62,3 +76,4 @@ class RunningBatch:
         for col in self._columns():
             col[:k] = col[:m][keep]
         self.reqs = [r for r, kept in zip(self.reqs, keep.tolist()) if kept]
+        self.version += 1

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -48,6 +49,17 @@ if TYPE_CHECKING:
     from simulator.engine.swap import SwapSpace
 
 
+@dataclass(slots=True)
+class _InFlight:
+    """Async: a scheduled step awaiting its commit: who samples (their slots at schedule time,
+    the running list then, the tokens computed through the step) and the batch's version then."""
+
+    idx: np.ndarray
+    reqs: list[Request]
+    reach: np.ndarray
+    version: int
+
+
 class Scheduler:
     """kvsim's step scheduler (protocols.SchedulerInterface) over a KV manager, a queue
     policy and a batching mode; `swap`: a SwapSpace (preempt by swapping while it has room)."""
@@ -56,7 +68,7 @@ class Scheduler:
                  max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool = True,
                  swap: SwapSpace | None = None, reserve_full_isl: bool = True,
                  vectorized: bool = True, window_tokens: int = 0,
-                 offload: OffloadConnector | None = None) -> None:
+                 offload: OffloadConnector | None = None, async_scheduling: bool = False) -> None:
         self.kv = kv
         self.window_tokens = window_tokens  # > 0: sliding window, for StepShape.window_kv_tokens
         self.queue = queue
@@ -68,7 +80,12 @@ class Scheduler:
         self.swap = swap
         self.offload = offload  # the CPU offload tier (kvcache/offload.py), None: off
         self.step_swap_s = 0.0  # swap time charged to the step being scheduled
-        self.running = RunningBatch(max_num_seqs)
+        # vLLM 0.33's AsyncScheduler: step n+1 is scheduled before step n's output (module
+        # docstring, "Async scheduling"); continuous, chunked, recompute only (schema.py)
+        self.async_scheduling = async_scheduling
+        self._inflight: deque[_InFlight] = deque()  # async: scheduled steps not yet committed
+        self._finishing: set[int] = set()  # async: preempted with their last token in flight
+        self.running = RunningBatch(max_num_seqs, async_scheduling)
         self.num_preemptions = 0
         self.num_swapped = 0
         self._admitted: list[tuple[int, int]] = []  # (req_id, prefix-hit tokens), this step
@@ -119,7 +136,16 @@ class Scheduler:
         """Swap the victim's KV to CPU when a swap space has room (it keeps its computed
         tokens), else recompute (vLLM v1: KV freed, computed tokens reset). Either way it goes
         back in line through the queue policy."""
-        req = self.running.write_back(i)
+        rb = self.running
+        req = rb.write_back(i)
+        last_in_flight = False
+        if self.async_scheduling:
+            # the outputs in flight are not the client's yet: they arrive (stale) at their
+            # commit; vLLM frees the blocks without hashing more (only `hashed` is cached)
+            ph = int(rb.ph[i])
+            req.num_output_tokens -= ph
+            req.num_computed_tokens = int(rb.hashed[i])
+            last_in_flight = ph > 0 and int(rb.num_out[i]) >= int(rb.target_out[i])
         swap = self.swap
         swapped = (swap is not None and req.num_computed_tokens
                    and swap.can_hold(req.num_computed_tokens))
@@ -135,7 +161,13 @@ class Scheduler:
         req.status = Status.PREEMPTED
         self.queue.on_stop(req)
         self.running.remove(i)
-        self.queue.prepend(req)
+        if last_in_flight:
+            # NOTE: vLLM puts it in the waiting queue and, when its last token arrives at the
+            # commit of the step in flight, finishes it from there; nothing reads the queue in
+            # between (a step that preempts admits nobody), so it waits outside the queue
+            self._finishing.add(req.req_id)
+        else:
+            self.queue.prepend(req)
         self.num_preemptions += 1
         return req
 
@@ -174,6 +206,9 @@ class Scheduler:
         while i < rb.m and budget > 0:
             m = rb.m
             want = rb.tokens[i:m] - rb.computed[i:m]
+            if self.async_scheduling:
+                # vLLM's AsyncScheduler: no extra step for a request whose last token is in flight
+                want[rb.num_out[i:m] >= rb.target_out[i:m]] = 0
             cum = np.cumsum(want)
             cum_before = cum - want
             count = int(np.searchsorted(cum_before, budget, side="left"))  # those with budget left
@@ -191,12 +226,19 @@ class Scheduler:
                 # by decoding too (a session's next turn can arrive while this turn still runs
                 # and resend its answer so far).
                 bs = kv.block_size
-                call |= reach // bs > computed // bs
+                if self.async_scheduling:
+                    # vLLM hashes up to min(reach, tokens the client has): a block filled by a
+                    # token still in flight is hashed one step later
+                    cap = np.minimum(reach, rb.tokens[i:i + count] - rb.ph[i:i + count])
+                    call |= (n > 0) & (cap // bs > rb.hashed[i:i + count] // bs)
+                else:
+                    call |= reach // bs > computed // bs
             needers = np.flatnonzero(call)
             if len(needers):
                 idx = (needers + i).tolist()
+                tokens = rb.tokens[idx] - rb.ph[idx] if self.async_scheduling else rb.tokens[idx]
                 caps = kv.allocate_slots_many([rb.reqs[j] for j in idx], n[needers].tolist(),
-                                              computed[needers].tolist(), rb.tokens[idx].tolist())
+                                              computed[needers].tolist(), tokens.tolist())
                 rb.capacity[idx[:len(caps)]] = caps
                 if len(caps) < len(idx):  # the manager ran out at request j
                     j = idx[len(caps)]
@@ -228,12 +270,20 @@ class Scheduler:
         req = rb.reqs[i]
         computed = int(rb.computed[i])
         num_new = min(int(rb.tokens[i]) - computed, budget)
+        tokens = int(rb.tokens[i])
+        if self.async_scheduling:
+            if rb.num_out[i] >= rb.target_out[i]:  # its last token is in flight: skip it
+                return budget, i + 1, False
+            tokens -= int(rb.ph[i])
+            hashed = int(rb.hashed[i])
+        else:
+            hashed = computed
         cap: int | None = int(rb.capacity[i])
         bs = kv.block_size
         if computed + num_new > cap or (  # see _schedule_running_vectorized for the 2nd clause
-                kv.caches_full_blocks and (computed + num_new) // bs > computed // bs):
+                kv.caches_full_blocks and min(computed + num_new, tokens) // bs > hashed // bs):
             while True:
-                cap = kv.allocate_slots(req, num_new, computed, num_tokens=int(rb.tokens[i]))
+                cap = kv.allocate_slots(req, num_new, computed, num_tokens=tokens)
                 if cap is not None:
                     break
                 v = self.queue.pick_victim(rb.reqs)
@@ -360,13 +410,36 @@ class Scheduler:
             num_prefill_tokens=t - decodes,
             window_kv_tokens=int(np.minimum(reach, w) @ scheduled) if (w := self.window_tokens) else -1,
         )
+        if self.async_scheduling:
+            self._launch(scheduled, sampled, reach)
         return Batch(shape, num_seqs, t - decodes, decodes,
                      len(preempted), num_admitted, None if self.swap is None else self.step_swap_s,
                      preempted, self._admitted,
                      None if self.offload is None or t else self.offload.next_event_s())
 
+    def _launch(self, scheduled: np.ndarray, sampled: np.ndarray, reach: np.ndarray) -> None:
+        """Async: the step just scheduled goes in flight (vLLM's _update_after_schedule):
+        computed tokens advance now, each request that samples gets an output placeholder, and
+        the step's samplers wait for its commit (`_inflight`)."""
+        rb = self.running
+        m = rb.m
+        if self.kv.caches_full_blocks:
+            tok = rb.tokens[:m] - rb.ph[:m]
+            np.maximum(rb.hashed[:m], np.where(scheduled, np.minimum(reach, tok), 0),
+                       out=rb.hashed[:m])
+        rb.computed[:m] = reach
+        rb.tokens[:m] += sampled
+        rb.num_out[:m] += sampled
+        rb.ph[:m] += sampled
+        idx = np.flatnonzero(sampled)
+        # the running list as it is now (a C-level copy): the samplers are reqs[idx] should the
+        # batch change before the commit
+        self._inflight.append(_InFlight(idx, list(rb.reqs), reach[idx], rb.version))
+
     def commit(self, now: float) -> list[Request]:
         """Apply the step that just ran: advance tokens, sample, finish. Returns finished."""
+        if self.async_scheduling:
+            return self._commit_async(now)
         rb = self.running
         m = rb.m
         n = rb.n[:m]
@@ -400,8 +473,108 @@ class Scheduler:
         self._quiet = self._pure and not finished
         return finished
 
+    def _commit_async(self, now: float) -> list[Request]:
+        """Async: apply the output of the oldest step in flight (vLLM's update_from_output with
+        two batches in flight; the next step is already scheduled). Steps:
+        1. find its samplers: by their slots if the running batch kept its order since, else by
+           id; those no longer running were preempted after it was scheduled (stale output);
+        2. running samplers: the placeholder resolves into an output token emitted now (first
+           token or an inter-token gap); the prefix cache hashes the blocks the step filled
+           (vLLM's cache_blocks at update) when no later step did;
+        3. those that reached their output target finish: KV freed, out of the batch (vLLM
+           frees a finished request's blocks here, one step after the step that knew it);
+        4. stale outputs still reach the client (vLLM delivers them); one that was the request's
+           last token finishes it."""
+        fl = self._inflight.popleft()
+        rb = self.running
+        stale: list[Request] = []
+        idx = fl.idx
+        if fl.version != rb.version and len(idx):  # 1.
+            slot = {r.req_id: i for i, r in enumerate(rb.reqs)}
+            found, now_at = [], []
+            for j, i0 in enumerate(idx.tolist()):
+                req = fl.reqs[i0]
+                i = slot.get(req.req_id)
+                if i is None:
+                    stale.append(req)
+                else:
+                    found.append(j)
+                    now_at.append(i)
+            fl_reach = fl.reach[found]
+            idx = np.array(now_at, np.int64)
+        else:
+            fl_reach = fl.reach
+        finished: list[Request] = []
+        gaps = None
+        done = None
+        whole = len(idx) == rb.m  # every running request sampled (idx is then 0..m-1)
+        sel = slice(0, rb.m) if whole else idx  # NOTE: a slice, not fancy indexing (hot path)
+
+        def slots(mask: np.ndarray) -> list[int]:
+            return (np.flatnonzero(mask) if whole else idx[mask]).tolist()
+        if len(idx):  # 2.
+            ph = rb.ph[sel]
+            ph -= 1
+            mat = rb.num_out[sel] - ph
+            first = mat == 1
+            last = rb.last_token[sel]
+            if first.any():
+                gaps = now - last[~first]
+                reqs = rb.reqs
+                for i in slots(first):
+                    reqs[i].first_token_s = now
+            else:
+                gaps = now - last
+            if whole:
+                last[:] = now
+            else:
+                rb.ph[idx] = ph
+                rb.last_token[idx] = now
+            done = mat >= rb.target_out[sel]
+            kv = self.kv
+            if kv.caches_full_blocks:
+                bs = kv.block_size
+                late = (fl_reach // bs > rb.hashed[sel] // bs) & ~done
+                if late.any():
+                    for i, r in zip(slots(late), fl_reach[late].tolist()):
+                        kv.allocate_slots(rb.reqs[i], 0, r,
+                                          num_tokens=int(rb.tokens[i] - rb.ph[i]))
+                        rb.hashed[i] = r
+            if not len(gaps):
+                gaps = None
+        if done is not None and done.any():  # 3.
+            keep = np.ones(rb.m, bool)
+            for i in slots(done):
+                req = rb.write_back(i)
+                req.finish_s = now
+                req.status = Status.FINISHED
+                self.queue.on_stop(req)
+                self.kv.free(req)
+                finished.append(req)
+                keep[i] = False
+            rb.compress(keep)
+        if stale:  # 4.
+            extra = []
+            for req in stale:
+                req.num_output_tokens += 1
+                if req.num_output_tokens == 1:
+                    req.first_token_s = now
+                else:
+                    extra.append(now - req.last_token_s)
+                req.last_token_s = now
+                if req.req_id in self._finishing:
+                    self._finishing.discard(req.req_id)
+                    req.finish_s = now
+                    req.status = Status.FINISHED
+                    finished.append(req)
+            if extra:
+                gaps = np.asarray(extra) if gaps is None else np.concatenate((gaps, extra))
+        self._gaps = gaps
+        self._quiet = self._pure and not finished
+        return finished
+
     def decode_run(self, now: float, until_s: float, step_times: Callable[..., np.ndarray],
-                   max_steps: int = 4096) -> DecodeRun | None:
+                   max_steps: int = 4096, inflight_s: float | None = None) -> DecodeRun | None:
         """The next k pure-decode steps at once (engine/advance.py), or None when the next step
         may differ from the last (the caller then steps). Steps:
         1. precondition: the last step was a pure decode of every running request, committed
@@ -416,6 +589,8 @@ class Scheduler:
            SimPy adds them); k stops so the last step ends strictly before `until_s` (the next
            arrival) and the end is reachable by one exact SimPy delay;
         5. apply: blocks popped in order, counters advanced by k, the records as columns."""
+        if self.async_scheduling:
+            return self._decode_run_async(now, until_s, step_times, max_steps, inflight_s)
         rb = self.running
         m = rb.m
         if not m:
@@ -509,6 +684,114 @@ class Scheduler:
             "swap_s": None if self.swap is None else np.float64(0.0),
             "kv_external_frag_slots": const(stats.external_frag_slots)}
         return DecodeRun(delay, starts, columns, gaps, m, list(rb.reqs))
+
+    def _decode_run_async(self, now: float, until_s: float, step_times: Callable[..., np.ndarray],
+                          max_steps: int, inflight_s: float | None) -> DecodeRun | None:
+        """decode_run under async scheduling: with step X in flight (started at `now`, lasting
+        `inflight_s`), k loop turns at once: schedule X+1..X+k, commit X..X+k-1; X+k is left
+        in flight (returned as next_batch). Steps:
+        1. precondition: X is a pure decode of every running request (each with one output in
+           flight, none at its last), the commit before it finished nothing, nothing arrived
+           since X was scheduled (`_quiet`); then schedule X+1 decides as X did;
+        2. k <= min(target - outputs with placeholders): no schedule skips a request whose last
+           token is in flight and no commit finishes one; k <= max_steps;
+        3. blocks: as decode_run (schedule X+1+j' takes request i's next block at the same
+           j' = capacity - computed + q * block_size; computed counts the token in flight);
+        4. times: step X+j-1 ends at T_j = T_{j-1} + its duration (X's is `inflight_s`, the
+           others the cost model's over numpy); schedule X+j runs at T_{j-1}; k stops so T_k
+           < until_s (the next arrival) and is reachable by one exact SimPy delay;
+        5. apply as decode_run; the tokens of step X+j-1 reach the client at T_j."""
+        rb = self.running
+        m = rb.m
+        if not m or not self._quiet or inflight_s is None:  # 1.
+            return None
+        kv = self.kv
+        room = kv.decode_room()
+        if room is None:
+            return None
+        k = min(int((rb.target_out[:m] - rb.num_out[:m]).min()), max_steps)  # 2.
+        if k < 1:
+            return None
+        bs = kv.block_size
+        c0 = rb.computed[:m]
+        j0 = rb.capacity[:m] - c0  # 3.
+        cnt = np.where(j0 < k, (k - j0 + bs - 1) // bs, 0)
+        total = int(cnt.sum())
+        if total:
+            ev_i = np.repeat(np.arange(m), cnt)
+            ev_j = j0[ev_i] + (np.arange(total) - np.repeat(np.cumsum(cnt) - cnt, cnt)) * bs
+            order = np.lexsort((ev_i, ev_j))
+            ev_i, ev_j = ev_i[order], ev_j[order]
+            if total > room:
+                k = int(ev_j[room])
+                if k < 1:
+                    return None
+        else:
+            ev_i = ev_j = np.zeros(0, np.int64)
+        c_sum = int(c0.sum())  # 4.
+        j = np.arange(k, dtype=np.int64)
+        kv_next = c_sum + m * (j + 1)  # the steps scheduled in the run, X+1..X+k
+        pairs_next = (c_sum + m * j + m).astype(np.float64)
+        d_next = step_times(m, pairs_next, kv_next)
+        starts = np.empty(k + 1)
+        starts[0] = now
+        starts[1] = inflight_s
+        starts[2:] = d_next[:k - 1]
+        np.cumsum(starts, out=starts)
+        k = min(k, int(np.searchsorted(starts[1:], until_s, side="left")))
+        if k < 1:
+            return None
+        delay = exact_delay(now, float(starts[k]))
+        if delay is None:
+            return None
+        starts = starts[:k + 1]
+        durations = np.concatenate(([inflight_s], d_next[:k - 1]))
+        n_ev = int(np.searchsorted(ev_j, k, side="left"))  # 5.
+        ev_i, ev_j = ev_i[:n_ev], ev_j[:n_ev]
+        stats = kv.stats()
+        if n_ev:
+            idx = ev_i.tolist()
+            reqs = rb.reqs
+            kv.take_decode_blocks([reqs[i] for i in idx], starts[ev_j].tolist())
+        taken = np.searchsorted(ev_j, j[:k], side="right")  # blocks taken by each record
+        used, usage = kv.decode_gauges(taken)
+        cap_sum = int(rb.capacity[:m].sum()) + bs * taken
+        stored = used - (cap_sum - (c_sum + m * (j[:k] + 1)))
+        if n_ev:
+            rb.capacity[:m] += bs * np.bincount(ev_i, minlength=m)
+        rb.computed[:m] += k
+        rb.tokens[:m] += k
+        rb.num_out[:m] += k
+        rb.n[:m] = 1
+        first = starts[1] - rb.last_token[:m]
+        gaps = np.concatenate((first, np.repeat(starts[2:] - starts[1:-1], m)))
+        rb.last_token[:m] = starts[k]
+        self._gaps = gaps[-m:]
+        kv.now = float(starts[k - 1])
+        self._admitted = []
+        self.step_swap_s = 0.0
+        fl = self._inflight[0]  # X's record becomes X+k's: same samplers, same slots
+        fl.reach = rb.computed[:m].copy()
+        fl.version = rb.version
+        full = np.int64(m)
+        zero = np.int64(0)
+
+        def const(value: int | None) -> np.generic | None:
+            return None if value is None else np.asarray(value)[()]
+        columns = {
+            "start_s": starts[:k], "duration_s": durations, "num_seqs": full,
+            "num_tokens": full, "prefill_tokens": zero, "decode_tokens": full,
+            "num_preempted": zero, "num_admitted": zero, "num_running": full,
+            "num_waiting": np.int64(len(self.queue)), "kv_used_slots": used,
+            "kv_usage": usage, "kv_tokens_stored": stored, "num_sampled": full,
+            "prefix_queries_total": const(stats.prefix_queries),
+            "prefix_hits_total": const(stats.prefix_hits),
+            "evictions_total": const(stats.num_evictions),
+            "swap_s": None if self.swap is None else np.float64(0.0),
+            "kv_external_frag_slots": const(stats.external_frag_slots)}
+        shape = StepShape(m, m, float(pairs_next[k - 1]), int(kv_next[k - 1]), m, 0)
+        nxt = Batch(shape, m, 0, m, 0, 0, None, [], [])
+        return DecodeRun(delay, starts, columns, gaps, m, list(rb.reqs), nxt, float(d_next[k - 1]))
 
     def stats(self) -> SchedulerStats:
         rb = self.running
