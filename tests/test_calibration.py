@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from simulator.calibration.data import model_dirs, read_mlp_csv
-from simulator.calibration.fit import GEMM_SHARED, fit_compute, fit_network
+from simulator.calibration.fit import SHARED_PARAMS, fit_compute, fit_network
 from simulator.calibration.gpu_fit import fit_gpus
 from simulator.calibration.sections import measured_section, write_calibration
 from simulator.calibration.solve import Objective, Param, ParamStat, solve, t_interval
@@ -243,13 +243,13 @@ def test_committed_profiles_hold_the_fit(measured_fits):
     """The YAMLs in gpu_profiles/ are what `kvsim calibrate` fits from the data today: parameters
     (the shared GEMM tile costs the same on every GPU), standard errors and bound flags, and the
     rest of the provenance."""
-    shared = {name: getattr(measured_fits["a100"].params, name) for name in GEMM_SHARED}
+    shared = {name: getattr(measured_fits["a100"].params, name) for name in SHARED_PARAMS}
     for fit in measured_fits.values():
         committed = get_gpu(fit.gpu.name).calibration
         assert committed["status"] == "measured"
         for name, value in fit.params.as_dict().items():
             assert committed["params"][name] == pytest.approx(value, rel=2e-3), (fit.gpu.name, name)
-        assert {name: getattr(fit.params, name) for name in GEMM_SHARED} == shared
+        assert {name: getattr(fit.params, name) for name in SHARED_PARAMS} == shared
         fresh = measured_section(fit, committed["provenance"]["fit_date"])["provenance"]
         old = dict(committed["provenance"])
         for key in ("data", "network"):  # paths, relative to the current directory
