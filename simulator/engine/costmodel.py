@@ -22,11 +22,13 @@ Per layer, per tensor-parallel shard. The operator names are those of the measur
        m     = ((K*N + T*(K+N)) * dtype_bytes [+ 2*s*T*N*4, split-K's fp32 partial sums])
                / (bw * gemm_bandwidth_eff)
        t_i   = (m**p + c**p) ** (1/p),   p = gemm_overlap_exp >= 1
-       t     = gemm_overhead_s + (sum_i t_i**-q) ** (-1/q),   q = gemm_select_exp
-   a soft minimum over the candidates: the library's heuristic runs a fast tile, not always
-   the fastest (the kernel data's times step up and down between neighbouring T at fixed K, N),
-   so near a crossover of two candidates the expected time lies between them; q is shared by
-   every GPU (q >= 1000, the default, is the plain min). A wave is padded to whole tiles and a
+       w_i   = (min_j t_j / t_i) ** q,   q = gemm_select_exp
+       t     = gemm_overhead_s + sum_i w_i t_i / sum_i w_i
+   the expected time of the library's choice: its heuristic runs a fast tile, not always the
+   fastest (the kernel data's times step up and down between neighbouring T at fixed K, N), so
+   the candidates are weighted by how close they come to the fastest (>= the fastest, between
+   candidates near a crossover); q is shared by every GPU (q >= 1000, the default, is the plain
+   min). A wave is padded to whole tiles and a
    partial last wave takes a full tile time, so the time steps where T crosses a multiple
    of bm and where the tile count crosses a multiple of num_sms, as the kernel data does. The
    tile term has two costs per k-step: tensor-core work at gemm_compute_eff of the SM's share
@@ -317,8 +319,9 @@ class GemmGeometry:
             best = np.minimum(best, b)
         q = p.gemm_select_exp
         if q < 1000.0:
-            acc = sum(((best / b) ** q for b in bodies), np.zeros_like(best))
-            best = best * acc ** (-1.0 / q)
+            # the candidates' mean weighted by (t_best / t_i)^q: >= the fastest, between candidates
+            weights = [(best / b) ** q for b in bodies]
+            best = sum((w * b for w, b in zip(weights, bodies)), np.zeros_like(best)) / sum(weights)
         return np.where(self.t > 0, p.gemm_overhead_s + best, 0.0)
 
     def best_tile(self, p: CostParams) -> np.ndarray:
