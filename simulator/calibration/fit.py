@@ -98,7 +98,7 @@ GEMM_PER_GPU = ("gemm_compute_eff", "gemm_overlap_exp")
 GEMM_SHARED = ("gemm_feed_flop_per_byte", "gemm_tile_setup_k", "gemm_select_exp")
 FEED_RANGE = (1e-3, 1e3)  # flop-equivalents per operand byte: 0 (free) .. far beyond any SM
 SETUP_K_RANGE = (1e-1, 1e4)  # K-elements of per-tile prologue/epilogue: ~0 .. longer than any K here
-SELECT_EXP_RANGE = (1.0, 999.0)  # tile soft-min: 1 = harmonic blend of every candidate .. the plain min
+SELECT_EXP_RANGE = (1.0, 999.0)  # tile-choice weights (t_min/t_i)^q: 1 = a broad blend .. the plain min
 
 
 def _gemm_param(name: str, start: float) -> Param:

@@ -78,7 +78,8 @@ Per layer, per tensor-parallel shard. The operator names are those of the measur
        step   = max(cpu, device) + async_exposed_s         async scheduling (vLLM 0.33's default):
                 the host prepares step n+1 while the GPU runs step n.
 
-Invariants: step_time is 0 for T = 0 and non-decreasing in each of T, S, P, K, num_seqs;
+Invariants: step_time is 0 for T = 0 and non-decreasing in each of T, S, P, K, num_seqs (the
+tables over T and S take a running max: item 1's tile-choice average can dip by < 0.1 %);
 per-shard compute (linear ops and attention) is non-increasing in tp; the per-token tables are
 built once per (model, GPU, tp), so step_time is scalar Python arithmetic on the simulator's
 hot path; step_times(arrays) equals step_time element-wise.
@@ -174,7 +175,7 @@ class CostParams:
     gemm_overhead_s: float = 4e-6  # kernel launch/tail, assumption
     gemm_feed_flop_per_byte: float = 8.0  # operand-feed cost r per byte a tile loads, shared
     gemm_tile_setup_k: float = 50.0  # per-tile prologue + epilogue in K-elements, shared
-    gemm_select_exp: float = 1000.0  # soft-min exponent q over the candidate tiles (>= 1000: min), shared
+    gemm_select_exp: float = 1000.0  # tile-choice weight exponent q (item 1; >= 1000: the min), shared
     norm_bandwidth_eff: float = 0.5
     norm_overhead_s: float = 5e-6
     rope_bandwidth_eff: float = 0.5
@@ -559,7 +560,8 @@ class CostModel:
 
     def _tabulate(self, max_tokens: int) -> None:
         n = np.arange(max(int(max_tokens), self._max_graph, 1) + 1)
-        # The forms are non-decreasing in T; the running max only removes float round-off.
+        # NOTE: the forms are non-decreasing in T up to dips of < 0.1 % where the tile-choice
+        # weights shift (item 1); the running max removes them (and float round-off).
         self._by_tokens = np.maximum.accumulate(self.per_step_time(n)).tolist()
         self._by_sampled = np.maximum.accumulate(self.lm_head_time(n) + self.sampler_time(n)).tolist()
         self._tokens_table = np.asarray(self._by_tokens)
