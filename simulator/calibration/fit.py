@@ -187,7 +187,9 @@ def fit_gemm_joint(data: list[GemmData], objective: Objective = LEAST_SQUARES,
     `solution`) starts step 2 there instead of at GEMM_STARTS: the held-out refits, which move
     little, converge in a fraction of the evaluations (deterministic either way)."""
     shared = GEMM_SHARED if fit_shared else ()
-    compute = {d.gpu.name: replace(d.base, **{p: GEMM_STARTS[p] for p in GEMM_PER_GPU}) for d in data}
+    # fixed starting values, not the profile's: a refit reproduces the committed profile
+    compute = {d.gpu.name: replace(d.base, **{p: GEMM_STARTS[p] for p in (*GEMM_PER_GPU, *shared)})
+               for d in data}
     values: dict[str, float] = dict(start or {})
     for _ in range(GEMM_ROUNDS):
         # 1. weight streaming, per GPU
