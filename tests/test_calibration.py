@@ -266,13 +266,17 @@ def test_committed_profiles_hold_the_fit(measured_fits):
 def test_standard_errors_and_no_parameter_on_a_bound(measured_fits):
     """Every fitted parameter has a standard error, none sits on a bound of its physical range
     (issue 16; the soft roofline had H100's overlap exponent on 1), and the data pin each one
-    down to a few per cent. The shared tile costs carry one joint standard error."""
+    down to a few per cent, or (a per-kernel overhead next to 0) to within 0.1 us, negligible
+    against the microseconds of any kernel (A40's norm: 0.05 +- 0.03 us once the element-wise row
+    term carries its small-T floor, docs/costmodel.md). The shared tile costs carry one joint
+    standard error."""
     for fit in measured_fits.values():
         assert set(fit.stats) == {n for n in fit.params.as_dict() if not n.startswith("attn_")}, fit.gpu.name
         for name, stat in fit.stats.items():
             value = getattr(fit.params, name)
             assert stat.at_bound is None, (fit.gpu.name, name, stat)
-            assert 0 < stat.std_error < 0.1 * value and stat.dof >= 78, (fit.gpu.name, name, stat)
+            pinned = stat.std_error < 0.1 * value or (name.endswith("_overhead_s") and stat.std_error < 1e-7)
+            assert 0 < stat.std_error and pinned and stat.dof >= 78, (fit.gpu.name, name, stat)
     a100, h100 = measured_fits["a100"].stats, measured_fits["h100"].stats
     assert a100["gemm_tile_setup_k"] == h100["gemm_tile_setup_k"]
     assert 1.0 < measured_fits["h100"].params.gemm_overlap_exp < 20.0
