@@ -71,8 +71,12 @@ def test_more_tp_never_makes_per_shard_compute_slower(model, gpu, t, ctx, tp):
 def test_tables_non_decreasing_and_zero_tokens_free(gpu):
     cm = cost("llama-3.1-8b", gpu, 2)
     assert cm.step_time(StepShape(0, 0, 0.0, 0)) == 0.0
-    assert np.all(np.diff(cm.per_step_time(np.arange(2049))) >= 0)
-    assert np.all(np.diff(cm.lm_head_time(np.arange(2049))) >= 0)
+    # the raw forms may dip by < 0.1 % where the tile-choice weights shift (costmodel item 1); the
+    # tables step_time reads take the running max, so a step never gets cheaper with more tokens
+    for f in (cm.per_step_time, cm.lm_head_time):
+        x = f(np.arange(2049))
+        assert np.all(np.diff(x) >= -1e-3 * x[1:])
+    assert np.all(np.diff(cm._tokens_table) >= 0) and np.all(np.diff(cm._sampled_table) >= 0)
     assert cm.allreduce_time_per_layer(1)[()] > 0
     assert cost("llama-3.1-8b", gpu, 1).allreduce_time_per_layer(4096)[()] == 0.0
 
@@ -88,8 +92,10 @@ def test_status_flags_and_describe():
     measured = cost("llama-2-7b", "a100-80gb", 1)
     assert measured.calibrated and not measured.extrapolated
     line = measured.describe()
-    assert "calibrated on Vidur's A100 kernel timings, 8 models, fit 2026-12-01 (leave-one-model-out " \
-           "MAPE <= 6.4%)" in line and "shared" not in line  # the data set's name, not a path
+    worst = max(get_gpu("a100-80gb").calibration["error"]["leave_one_model_out_mape_pct"].values())
+    assert 0 < worst < 10
+    assert (f"calibrated on Vidur's A100 kernel timings, 8 models, fit 2026-12-01 (leave-one-model-out "
+            f"MAPE <= {worst:.1f}%)") in line and "shared" not in line  # the data set's name, not a path
     extrapolated = cost("llama-2-7b", "l4", 1)
     assert extrapolated.extrapolated and not extrapolated.calibrated
     assert "EXTRAPOLATED from a40 via datasheet specs (no kernel measurements for l4; donor calibrated on " \

@@ -95,9 +95,10 @@ MEMORY_BOUND_MAX_TOKENS = 8
 # overlap) and shared by every GPU fitted together (they describe the kernels' tiles).
 GEMM_MEMORY = ("gemm_overhead_s", "gemm_bandwidth_eff")
 GEMM_PER_GPU = ("gemm_compute_eff", "gemm_overlap_exp")
-GEMM_SHARED = ("gemm_feed_flop_per_byte", "gemm_tile_setup_k")
+GEMM_SHARED = ("gemm_feed_flop_per_byte", "gemm_tile_setup_k", "gemm_select_exp")
 FEED_RANGE = (1e-3, 1e3)  # flop-equivalents per operand byte: 0 (free) .. far beyond any SM
 SETUP_K_RANGE = (1e-1, 1e4)  # K-elements of per-tile prologue/epilogue: ~0 .. longer than any K here
+SELECT_EXP_RANGE = (1.0, 999.0)  # tile-choice weights (t_min/t_i)^q: 1 = a broad blend .. the plain min
 
 
 def _gemm_param(name: str, start: float) -> Param:
@@ -109,11 +110,14 @@ def _gemm_param(name: str, start: float) -> Param:
         return Param(name, start, *FEED_RANGE)
     if kind == "gemm_tile_setup_k":
         return Param(name, start, *SETUP_K_RANGE)
+    if kind == "gemm_select_exp":
+        return Param(name, start, *SELECT_EXP_RANGE)
     return _overhead(name, start) if kind.endswith("_s") else _eff(name, start)
 
 
 GEMM_STARTS = {"gemm_overhead_s": 3e-6, "gemm_bandwidth_eff": 0.8, "gemm_compute_eff": 0.8,
-               "gemm_overlap_exp": 2.0, "gemm_feed_flop_per_byte": 8.0, "gemm_tile_setup_k": 50.0}
+               "gemm_overlap_exp": 2.0, "gemm_feed_flop_per_byte": 8.0, "gemm_tile_setup_k": 50.0,
+               "gemm_select_exp": 10.0}
 
 
 @dataclass(frozen=True)
@@ -183,7 +187,9 @@ def fit_gemm_joint(data: list[GemmData], objective: Objective = LEAST_SQUARES,
     `solution`) starts step 2 there instead of at GEMM_STARTS: the held-out refits, which move
     little, converge in a fraction of the evaluations (deterministic either way)."""
     shared = GEMM_SHARED if fit_shared else ()
-    compute = {d.gpu.name: replace(d.base, **{p: GEMM_STARTS[p] for p in GEMM_PER_GPU}) for d in data}
+    # fixed starting values, not the profile's: a refit reproduces the committed profile
+    compute = {d.gpu.name: replace(d.base, **{p: GEMM_STARTS[p] for p in (*GEMM_PER_GPU, *shared)})
+               for d in data}
     values: dict[str, float] = dict(start or {})
     for _ in range(GEMM_ROUNDS):
         # 1. weight streaming, per GPU
@@ -238,33 +244,81 @@ def fit_gemm(models: list[ModelTimings], gpu: GpuSpec, base: CostParams,
     return FittedParams(fit.params[gpu.name], fit.stats[gpu.name])
 
 
+ELEMENTWISE_SHARED = tuple(f"{kind}_row_gbps" for kind in ELEMENTWISE_KINDS)
+SHARED_PARAMS = GEMM_SHARED + ELEMENTWISE_SHARED  # fitted once on every measured GPU together
+ROW_GBPS_RANGE = (1e-2, 1e4)  # one CTA streaming one token row: 10 MB/s .. more than any GPU's HBM
+ELEMENTWISE_STARTS = {"overhead_s": 2e-6, "bandwidth_eff": 0.5, "row_gbps": 8.0}
+
+
+def _elementwise_rows(models: list[ModelTimings], kind: str) -> tuple[np.ndarray, ...] | None:
+    """(tokens, elements per token, log measured seconds) of every op of this kind, or None."""
+    t, elems, y = [], [], []
+    for m in models:
+        table = m.dims.elementwise_elems()
+        for op, k in ELEMENTWISE_KIND.items():
+            if k == kind and op in m.ops:
+                keep = ~np.isnan(m.ops[op])
+                t.append(m.tokens[keep])
+                elems.append(np.broadcast_to(table[op], m.tokens.shape)[keep])
+                y.append(m.ops[op][keep])
+    if not t:
+        return None
+    return np.concatenate(t), np.concatenate(elems), np.log(np.concatenate(y))
+
+
+def fit_elementwise_joint(folders: list[tuple[list[ModelTimings], GpuSpec, CostParams]],
+                          objective: Objective = LEAST_SQUARES,
+                          fit_shared: bool = True) -> dict[str, FittedParams]:
+    """Fit the element-wise form o + sqrt(stream^2 + row^2) (costmodel item 2), one kind at a
+    time, over one or more GPUs: per GPU <kind>_overhead_s and <kind>_bandwidth_eff; shared by
+    every GPU (fit_shared) <kind>_row_gbps, the rate at which one CTA streams one token row
+    (latency-bound, a property of the kernel, not of the GPU's bandwidth). Without fit_shared
+    the row rate keeps each GPU's base value. Returns each GPU's parameters by name."""
+    out = {gpu.name: FittedParams(base) for _, gpu, base in folders}
+    for kind in ELEMENTWISE_KINDS:
+        rows = [(gpu, base, _elementwise_rows(models, kind)) for models, gpu, base in folders]
+        rows = [(gpu, base, r) for gpu, base, r in rows if r is not None]
+        if not rows:
+            continue
+        names: list[str] = []
+        for gpu, _, _ in rows:
+            names += [f"{gpu.name}:{kind}_overhead_s", f"{gpu.name}:{kind}_bandwidth_eff"]
+        if fit_shared:
+            names.append(f"{kind}_row_gbps")
+
+        def residual(v: np.ndarray, rows=rows, kind=kind) -> np.ndarray:
+            parts = []
+            for i, (gpu, base, (tt, ee, log_y)) in enumerate(rows):
+                row_gbps = v[-1] if fit_shared else getattr(base, f"{kind}_row_gbps")
+                stream = tt * ee * 2.0 / (gpu.hbm_bandwidth_gbps * 1e9 * v[2 * i + 1])
+                row = ee * 2.0 / (row_gbps * 1e9)
+                parts.append(np.log(v[2 * i] + np.sqrt(stream * stream + row * row)) - log_y)
+            return np.concatenate(parts)
+
+        params = []
+        for name in names:
+            short = name.rpartition(":")[2].removeprefix(f"{kind}_")
+            if short == "row_gbps":
+                params.append(Param(name, ELEMENTWISE_STARTS[short], *ROW_GBPS_RANGE))
+            elif short == "overhead_s":
+                params.append(_overhead(name, ELEMENTWISE_STARTS[short]))
+            else:
+                params.append(_eff(name, ELEMENTWISE_STARTS[short]))
+        sol = solve(residual, params, objective)
+        for gpu, _, _ in rows:
+            mine = {n.rpartition(":")[2]: n for n in names if n.startswith(f"{gpu.name}:") or ":" not in n}
+            vals = {k: round_sig(sol.values[n]) for k, n in mine.items()}
+            cur = out[gpu.name]
+            out[gpu.name] = FittedParams(replace(cur.params, **vals),
+                                         {**cur.stats, **{k: sol.stats[n] for k, n in mine.items()}})
+    return out
+
+
 def fit_elementwise(models: list[ModelTimings], gpu: GpuSpec, base: CostParams,
                     objective: Objective = LEAST_SQUARES) -> FittedParams:
-    """Fit <kind>_{overhead_s, bandwidth_eff} of t = o + bytes / (bw * eff) for each element-wise
-    kind with measurements, one kind at a time."""
-    bw = gpu.hbm_bandwidth_gbps * 1e9
-    out = FittedParams(base)
-    for kind in ELEMENTWISE_KINDS:
-        t, elems, y = [], [], []
-        for m in models:
-            table = m.dims.elementwise_elems()
-            for op, k in ELEMENTWISE_KIND.items():
-                if k == kind and op in m.ops:
-                    keep = ~np.isnan(m.ops[op])
-                    t.append(m.tokens[keep])
-                    elems.append(np.broadcast_to(table[op], m.tokens.shape)[keep])
-                    y.append(m.ops[op][keep])
-        if not t:
-            continue
-        tt, ee, log_y = np.concatenate(t), np.concatenate(elems), np.log(np.concatenate(y))
-        nbytes = tt * ee * 2.0
-
-        def residual(v: np.ndarray, nbytes=nbytes, log_y=log_y) -> np.ndarray:
-            return np.log(v[0] + nbytes / (bw * v[1])) - log_y
-
-        params = [_overhead(f"{kind}_overhead_s", 3e-6), _eff(f"{kind}_bandwidth_eff", 0.5)]
-        out = out.with_solution(solve(residual, params, objective))
-    return out
+    """One GPU's element-wise fit, the shared row rates held at the base's values
+    (`fit_elementwise_joint`)."""
+    return fit_elementwise_joint([(models, gpu, base)], objective, fit_shared=False)[gpu.name]
 
 
 def derive_attention(fitted: FittedParams) -> FittedParams:
@@ -322,11 +376,12 @@ def fit_compute_joint(folders: list[tuple[list[ModelTimings], GpuSpec, CostParam
     """GEMMs of every GPU together (`fit_gemm_joint`, shared tile costs fitted when there is more
     than one GPU), then each GPU's element-wise parameters."""
     data = [GemmData.of(models, gpu, base) for models, gpu, base in folders]
-    gemm = fit_gemm_joint(data, objective, fit_shared=len(data) > 1, start=start)
-    out = {}
-    for models, gpu, _ in folders:
-        ew = fit_elementwise(models, gpu, gemm.params[gpu.name], objective)
-        out[gpu.name] = FittedParams(ew.params, {**gemm.stats[gpu.name], **ew.stats})
+    joint = len(data) > 1
+    gemm = fit_gemm_joint(data, objective, fit_shared=joint, start=start)
+    ew = fit_elementwise_joint([(models, gpu, gemm.params[gpu.name]) for models, gpu, _ in folders],
+                               objective, fit_shared=joint)
+    out = {gpu.name: FittedParams(ew[gpu.name].params, {**gemm.stats[gpu.name], **ew[gpu.name].stats})
+           for _, gpu, _ in folders}
     return JointFit(out, gemm.solution)
 
 

@@ -23,7 +23,7 @@ from simulator.calibration.data import (
     resolve_folder,
 )
 from simulator.calibration.fit import (
-    GEMM_SHARED,
+    SHARED_PARAMS,
     NetworkFit,
     derive_attention,
     fit_attention,
@@ -77,7 +77,7 @@ class GpuFit:
     stats: dict[str, ParamStat]  # fitted parameter -> standard error / bound flag
     objective: Objective = LEAST_SQUARES
     notes: list[str] = field(default_factory=list)
-    shared_with: tuple[str, ...] = ()  # GPUs whose data fitted GEMM_SHARED jointly (empty: held fixed)
+    shared_with: tuple[str, ...] = ()  # GPUs whose data fitted SHARED_PARAMS jointly (empty: held fixed)
     residuals: Residuals | None = None  # in-sample, per-layer op sum
     lomo_residuals: Residuals | None = None
     logo: Residuals | None = None  # this GPU predicted from the others' fit through its datasheet
@@ -113,9 +113,9 @@ def fit_gpus(profiles: str | Path, names: list[str], *, target: GpuSpec | None =
     """Fit GPU folders. Steps:
     1. read each folder (`load_folder`);
     2. GEMM and element-wise parameters: with two or more folders, every folder's GEMMs together
-       (each GPU its own efficiencies, the tile costs GEMM_SHARED fitted once for all); one folder
-       alone keeps GEMM_SHARED at its profile's values (a new GPU joins the kernels' costs
-       fitted on the others);
+       (each GPU its own efficiencies; the tile costs and the element-wise row rates,
+       SHARED_PARAMS, fitted once for all); one folder alone keeps SHARED_PARAMS at its
+       profile's values (a new GPU joins the kernels' costs fitted on the others);
     3. attention: fit if measured, else derive from the GEMM fit;
     4. all-reduce from the folder's network topology, if any (else keep the GPU's current values);
     5. score: in-sample per-op errors, leave-one-model-out of the per-layer op sum (refitting as
@@ -162,7 +162,7 @@ def fit_gpus(profiles: str | Path, names: list[str], *, target: GpuSpec | None =
         else:
             notes.append("no network measurements: all-reduce parameters kept from the current profile")
         if not joint:
-            stats = {k: v for k, v in stats.items() if k not in GEMM_SHARED}
+            stats = {k: v for k, v in stats.items() if k not in SHARED_PARAMS}
         held = lomo_res.get(d.gpu.name)
         out.append(GpuFit(d.folder, d.gpu, params, d.models, op_errors(d.models, d.gpu, params),
                           held.by_model() if held is not None else {}, network, bool(d.attention),

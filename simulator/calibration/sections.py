@@ -15,7 +15,7 @@ import yaml
 
 from simulator import __version__
 from simulator.calibration.data import STAT
-from simulator.calibration.fit import GEMM_SHARED, round_sig
+from simulator.calibration.fit import SHARED_PARAMS, round_sig
 from simulator.calibration.gpu_fit import GpuFit, label
 from simulator.calibration.score import ErrorStats
 from simulator.calibration.transfer import nearest_donor, spec_distance
@@ -67,8 +67,8 @@ def measured_section(fit: GpuFit, fit_date: str) -> dict[str, Any]:
         "statistic": f"{STAT} of repeated timings (ms -> s), fp16",
         "fit": f"scipy.optimize.least_squares (trf, {fit.objective.describe()}) on log(predicted/measured), "
                "parameters bounded by their physical ranges, all models together",
-        "shared": (f"{', '.join(GEMM_SHARED)} fitted jointly on the GEMMs of {', '.join(fit.shared_with)}"
-                   if fit.shared_with else f"{', '.join(GEMM_SHARED)} held at the profile's values "
+        "shared": (f"{', '.join(SHARED_PARAMS)} fitted jointly on the kernels of {', '.join(fit.shared_with)}"
+                   if fit.shared_with else f"{', '.join(SHARED_PARAMS)} held at the profile's values "
                                            f"(fitted jointly on every measured GPU by a full run)"),
         "standard_errors": standard_errors(fit),
         "fit_date": fit_date,

@@ -34,13 +34,15 @@ EPILOG = """examples:
   kvsim calibrate --profiles ../shared/data/kernels --dry-run
   kvsim calibrate --profiles ../shared/data/kernels --holdout h100-sxm
   kvsim calibrate --profiles ../shared/data/kernels --holdout Llama-2-7b-hf
+  kvsim calibrate --e2e
   kvsim calibrate --profiles profiles --gpu h200 --fit-date 2025-01-31"""
 
 
 def register(sub, help: str) -> None:
     p = sub.add_parser("calibrate", help=help, description=DESCRIPTION, epilog=EPILOG)
-    p.add_argument("--profiles", required=True, metavar="DIR",
-                   help="profiling data in Vidur's layout, e.g. ../shared/data/kernels")
+    p.add_argument("--profiles", metavar="DIR",
+                   help="profiling data in Vidur's layout, e.g. ../shared/data/kernels (required "
+                        "unless --e2e)")
     p.add_argument("--gpu", metavar="NAME",
                    help="calibrate only this GPU (data folder, e.g. a100, or catalogue name, e.g. "
                         "a100-80gb); default: every folder, then extrapolate the rest of the catalogue")
@@ -60,6 +62,10 @@ def register(sub, help: str) -> None:
                         "this GPU (predicted from the others through its datasheet), print the held-out "
                         "table per model and token range, write the residual plot; writes no profile")
     p.add_argument("--dry-run", action="store_true", help="fit and report, write no YAML")
+    p.add_argument("--e2e", action="store_true",
+                   help="only the end-to-end check: run experiments/configs/e2e/*.yaml with the "
+                        "committed profiles and print them against the published figures "
+                        "(docs/costmodel.md); fits nothing, needs no --profiles")
     p.set_defaults(func=main)
 
 
@@ -147,6 +153,13 @@ def main(args: argparse.Namespace) -> int:
     from simulator.calibration.transfer import catalogue_gpus, transfer_errors
     from simulator.hardware.gpus import get_gpu
 
+    if args.e2e:
+        from simulator.calibration.e2e import compare, markdown_table
+
+        print(markdown_table(compare()))
+        return 0
+    if not args.profiles:
+        raise ConfigError("--profiles DIR is required (the kernel timings to fit), unless --e2e")
     profiles = check_in_dir(args.profiles, "--profiles")
     fit_date = args.fit_date or dt.date.today().isoformat()
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", fit_date):
