@@ -29,6 +29,7 @@ from simulator.engine.replica import Replica
 from simulator.engine.routers import ROUTERS
 from simulator.errors import ConfigError
 from simulator.metrics.recorder import MetricsRecorder
+from simulator.metrics.steps import StepColumns, as_steps
 from simulator.metrics.summary import summarize
 from simulator.workload.request import Request, Status
 
@@ -139,7 +140,7 @@ class MergedRecorder:
     def requests_frame(self) -> pd.DataFrame:
         frames = []
         for i, rec in enumerate(self.recorders):
-            df = rec.requests_frame()
+            df = rec.requests_frame().copy()
             df.insert(1, "replica", np.full(len(df), i, np.int64))
             frames.append(df)
         return pd.concat(frames, ignore_index=True).sort_values("req_id", kind="stable") \
@@ -174,6 +175,9 @@ class MergedRecorder:
         it["kv_usage"] = latest("kv_usage").mean(axis=1)
         self._iters = it
         return it
+
+    def step_columns(self) -> StepColumns:
+        return as_steps(self.iterations_frame())
 
     def token_gaps(self) -> tuple[np.ndarray, np.ndarray]:
         parts = [r.token_gaps() for r in self.recorders]

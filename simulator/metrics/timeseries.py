@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.errors import ConfigError
+from simulator.metrics.steps import StepColumns, as_steps
 
 # vLLM's histogram buckets (vllm/v1/metrics/loggers.py); kept verbatim so that dashboards built
 # for vLLM (histogram_quantile over these buckets) read simulated runs the same way.
@@ -58,14 +59,15 @@ class StepFunction:
         return edges[:-1], np.diff(edges), values
 
 
-def step_ends(iterations: pd.DataFrame) -> np.ndarray:
+Iterations = pd.DataFrame | StepColumns  # an iterations table, or its compact columns (steps.py)
+
+
+def step_ends(iterations: Iterations) -> np.ndarray:
     """End time of every engine step: when its gauges update and its counters advance."""
-    if not len(iterations):
-        return np.zeros(0)
-    return (iterations.start_s + iterations.duration_s).to_numpy(np.float64)
+    return as_steps(iterations).ends
 
 
-def run_window(requests: pd.DataFrame, iterations: pd.DataFrame) -> tuple[float, float]:
+def run_window(requests: pd.DataFrame, iterations: Iterations) -> tuple[float, float]:
     """[first arrival, max(last step end, last arrival)]: the span every rate and time-weighted
     mean is taken over (the last step end is also the last finish)."""
     if not len(requests):
@@ -79,48 +81,98 @@ def run_window(requests: pd.DataFrame, iterations: pd.DataFrame) -> tuple[float,
     return t0, t1
 
 
-def gauge(iterations: pd.DataFrame, column: str) -> StepFunction:
-    return StepFunction(step_ends(iterations), iterations[column].to_numpy(np.float64))
+def gauge(iterations: Iterations, column: str) -> StepFunction:
+    steps = as_steps(iterations)
+    return StepFunction(steps.ends, steps.f64(column))
 
 
 def time_weighted(fn: StepFunction, t0: float, t1: float) -> dict[str, float | None]:
     """Time-weighted mean and p95 over [t0, t1] (p95: the smallest value the gauge is at or
     below for >= 95 % of the time), and the largest value ever recorded (max)."""
-    _, w, v = fn.segments(t0, t1)
-    total = float(w.sum())
-    recorded = np.concatenate([[fn.initial], fn.values]) if len(fn.values) else np.array([fn.initial])
+    w = segment_lengths(fn.times, t0, t1)
+    return weighted_stats(with_initial(fn.values, fn.initial), w, float(w.sum()))
+
+
+def segment_lengths(times: np.ndarray, t0: float, t1: float) -> np.ndarray:
+    """StepFunction.segments' lengths (one array, no temporaries of the same size)."""
+    edges = np.empty(len(times) + 2)
+    edges[0], edges[-1] = t0, t1
+    np.clip(times, t0, t1, out=edges[1:-1])
+    return np.diff(edges)
+
+
+def with_initial(values: np.ndarray, initial: float = 0.0) -> np.ndarray:
+    """[initial, *values] as float64 (StepFunction.segments' values), one allocation."""
+    v = np.empty(len(values) + 1)
+    v[0] = initial
+    v[1:] = values
+    return v
+
+
+_ORDER_CHUNK = 1 << 20
+
+
+def weighted_stats(v: np.ndarray, w: np.ndarray, total: float,
+                   key: np.ndarray | None = None) -> dict[str, float | None]:
+    """time_weighted over the pieces (values v, lengths w, total = float(w.sum())). The p95 is
+    the value where the weights, cumulated in the stable order of v, reach 95 %: the cumulative
+    sum runs chunk by chunk (each continuing the last exactly, as one np.cumsum would), and
+    `key`, when given, is an integer array ordered as v (a radix sort for small ranges)."""
+    top = float(v.max())
     if total <= 0:
-        return {"mean": None, "p95": None, "max": float(recorded.max())}
-    order = np.argsort(v, kind="stable")
-    cum = np.cumsum(w[order])
-    p95 = float(v[order][min(int(np.searchsorted(cum, 0.95 * total, side="left")), len(v) - 1)])
-    return {"mean": float(v @ w / total), "p95": p95, "max": float(recorded.max())}
+        return {"mean": None, "p95": None, "max": top}
+    order = stable_order(v if key is None else key)
+    target = 0.95 * total
+    carry = np.zeros(1)
+    idx = len(v) - 1
+    for lo in range(0, len(v), _ORDER_CHUNK):
+        part = np.concatenate([carry, w[order[lo:lo + _ORDER_CHUNK]]])
+        cum = np.cumsum(part)[1:]
+        if cum[-1] >= target:
+            idx = lo + int(np.searchsorted(cum, target, side="left"))
+            break
+        carry[0] = cum[-1]
+    p95 = float(v[order[min(idx, len(v) - 1)]])
+    return {"mean": float(v @ w / total), "p95": p95, "max": top}
+
+
+def stable_order(x: np.ndarray) -> np.ndarray:
+    """np.argsort(x, kind="stable"); integer keys with a range under 2^16 as uint16 (a radix
+    sort, the same order)."""
+    if x.dtype.kind in "iu" and len(x):
+        lo, hi = int(x.min()), int(x.max())
+        if hi - lo < 1 << 16:
+            return np.argsort((x - lo).astype(np.uint16), kind="stable")
+    return np.argsort(x, kind="stable")
 
 
 def integral(fn: StepFunction, t0: float, t1: float) -> float:
-    _, w, v = fn.segments(t0, t1)
-    return float(v @ w)
+    return float(with_initial(fn.values, fn.initial) @ segment_lengths(fn.times, t0, t1))
 
 
 # --- counters ----------------------------------------------------------------------------------
 def _counter(times: np.ndarray, increments: np.ndarray, grid: np.ndarray) -> np.ndarray:
-    order = np.argsort(times, kind="stable")
-    cum = np.concatenate([[0.0], np.cumsum(increments[order], dtype=np.float64)])
-    return cum[np.searchsorted(times[order], grid, side="right")]
+    if len(times) > 1 and not (times[1:] >= times[:-1]).all():  # step ends are sorted already
+        order = np.argsort(times, kind="stable")
+        times, increments = times[order], increments[order]
+    cum = np.zeros(len(increments) + 1)
+    np.cumsum(increments, dtype=np.float64, out=cum[1:])
+    return cum[np.searchsorted(times, grid, side="right")]
 
 
-def generation_token_events(requests: pd.DataFrame, iterations: pd.DataFrame) -> tuple[np.ndarray,
-                                                                                      np.ndarray]:
+def generation_token_events(requests: pd.DataFrame, iterations: Iterations) -> tuple[np.ndarray,
+                                                                                   np.ndarray]:
     """(times, counts) of sampled output tokens. Exact with a `num_sampled` iteration column;
     without it, decode tokens + first tokens per step, which misses the token a preempted
     request samples when its recompute finishes (docs/metrics.md)."""
-    ends = step_ends(iterations)
-    if "num_sampled" in iterations:
-        return ends, iterations.num_sampled.to_numpy(np.float64)
+    steps = as_steps(iterations)
+    ends = steps.ends
+    if "num_sampled" in steps:
+        return ends, steps.f64("num_sampled")
     first = requests.first_token_s.to_numpy(np.float64)
     first = first[np.isfinite(first)]
     return (np.concatenate([ends, first]),
-            np.concatenate([iterations.decode_tokens.to_numpy(np.float64), np.ones(len(first))]))
+            np.concatenate([steps.f64("decode_tokens"), np.ones(len(first))]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +215,23 @@ def grid(t1: float, interval_s: float) -> np.ndarray:
     return np.arange(n + 1, dtype=np.float64) * interval_s
 
 
+AUTO_MAX_SAMPLES = 20_000  # grid points of an automatic interval (5.5 h of a run at 1 s)
+_NICE = (1, 2, 5)
+
+
+def auto_interval(t1: float) -> float:
+    """The sampling interval that suits a run ending at t1: 1 s when that gives at most
+    AUTO_MAX_SAMPLES samples, else the smallest 1-2-5 multiple of 1 s that does (a 200-hour
+    run samples every 50 s): the time series and the OpenMetrics text stay a few MB."""
+    scale = 1
+    while True:
+        for nice in _NICE:
+            dt = float(nice * scale)
+            if t1 / dt <= AUTO_MAX_SAMPLES:
+                return dt
+        scale *= 10
+
+
 def check_interval(interval_s: float) -> None:
     if (isinstance(interval_s, bool) or not isinstance(interval_s, (int, float))
             or not math.isfinite(interval_s) or interval_s < 0.001):
@@ -170,12 +239,12 @@ def check_interval(interval_s: float) -> None:
                           f"milliseconds), got {interval_s!r}")
 
 
-def _counter_events(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict[str, tuple]:
-    ends = step_ends(iterations)
+def _counter_events(requests: pd.DataFrame, iterations: StepColumns) -> dict[str, tuple]:
+    ends = iterations.ends
     done = requests[requests.status == "finished"]
     started = requests[np.isfinite(requests.first_token_s)]
     events = {
-        "vllm:num_preemptions": (ends, iterations.num_preempted.to_numpy(np.float64)),
+        "vllm:num_preemptions": (ends, iterations.f64("num_preempted")),
         "vllm:prompt_tokens": (started.first_token_s.to_numpy(np.float64),
                                started.prompt_tokens.to_numpy(np.float64)),
         "vllm:generation_tokens": generation_token_events(requests, iterations),
@@ -184,11 +253,11 @@ def _counter_events(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict[st
     for name, col in (("vllm:prefix_cache_queries", "prefix_cache_queries"),
                       ("vllm:prefix_cache_hits", "prefix_cache_hits")):
         if col in iterations:
-            events[name] = (ends, iterations[col].to_numpy(np.float64))
+            events[name] = (ends, iterations.f64(col))
     return events
 
 
-def _histogram_observations(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict[str, tuple]:
+def _histogram_observations(requests: pd.DataFrame, iterations: StepColumns) -> dict[str, tuple]:
     """(times, values) observed per histogram, at the moment vLLM observes them: TTFT at the
     first token, E2E and queue time when the request finishes, tokens per step at its end."""
     done = requests[requests.status == "finished"]
@@ -202,15 +271,15 @@ def _histogram_observations(requests: pd.DataFrame, iterations: pd.DataFrame) ->
         "vllm:request_queue_time_seconds": (
             done.finish_s.to_numpy(np.float64),
             (done.first_scheduled_s - done.arrival_s).to_numpy(np.float64)),
-        "vllm:iteration_tokens_total": (step_ends(iterations),
-                                        iterations.num_tokens.to_numpy(np.float64)),
+        "vllm:iteration_tokens_total": (iterations.ends, iterations.f64("num_tokens")),
     }
 
 
-def build_timeseries(requests: pd.DataFrame, iterations: pd.DataFrame,
+def build_timeseries(requests: pd.DataFrame, iterations: Iterations,
                      interval_s: float = 1.0) -> pd.DataFrame:
     """One row per sample time: `time_s`, each gauge and each counter (vLLM names; counters as
     their `_total` sample), histogram `_count`/`_sum`. Counters without data are left out."""
+    iterations = as_steps(iterations)
     _, t1 = run_window(requests, iterations)
     g = grid(t1, interval_s)
     cols: dict[str, np.ndarray] = {"time_s": g}
@@ -242,7 +311,7 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
 
 
-def to_openmetrics(requests: pd.DataFrame, iterations: pd.DataFrame, *, interval_s: float = 1.0,
+def to_openmetrics(requests: pd.DataFrame, iterations: Iterations, *, interval_s: float = 1.0,
                    labels: dict[str, str] | None = None, start_unix_s: float = 0.0) -> str:
     """OpenMetrics text with one sample per series per grid time, timestamped
     `start_unix_s + t` (simulated seconds; 0 = the Unix epoch keeps files deterministic).
@@ -254,7 +323,7 @@ def to_openmetrics(requests: pd.DataFrame, iterations: pd.DataFrame, *, interval
                                       start_unix_s=start_unix_s))
 
 
-def write_openmetrics(path: str | Path, requests: pd.DataFrame, iterations: pd.DataFrame, *,
+def write_openmetrics(path: str | Path, requests: pd.DataFrame, iterations: Iterations, *,
                       interval_s: float = 1.0, labels: dict[str, str] | None = None,
                       start_unix_s: float = 0.0) -> None:
     """to_openmetrics written to `path` chunk by chunk (never the whole text in memory)."""
@@ -268,11 +337,12 @@ def write_openmetrics(path: str | Path, requests: pd.DataFrame, iterations: pd.D
 _CHUNK_SAMPLES = 4096  # grid points per text chunk
 
 
-def openmetrics_chunks(requests: pd.DataFrame, iterations: pd.DataFrame, *, interval_s: float = 1.0,
+def openmetrics_chunks(requests: pd.DataFrame, iterations: Iterations, *, interval_s: float = 1.0,
                        labels: dict[str, str] | None = None, start_unix_s: float = 0.0):
     """The text of to_openmetrics as a sequence of chunks (each whole lines ending in a newline):
     the sampled values are arrays over the grid; the text is made a few thousand grid points
     at a time."""
+    iterations = as_steps(iterations)
     _, t1 = run_window(requests, iterations)
     g = grid(t1, interval_s)
     lab = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted((labels or {}).items()))
