@@ -154,6 +154,8 @@ def firings(rule: AlertRule, fn: StepFunction, t0: float, t1: float) -> list[Fir
         if b - a <= rule.for_s:
             continue
         start = a + rule.for_s
+        if start >= b:  # b - a > for_s, but a + for_s rounds up to b: nothing left to fire
+            continue
         ends = starts + lengths
         first = int(np.searchsorted(ends, start, side="right"))  # piece holding `start`
         seg = values_of(kept[i + first:j + 1])

@@ -240,11 +240,16 @@ class MetricsRecorder:
         self.num_steps += k
         if self._n >= _CHUNK_ROWS:
             self._seal()
+        limit = 1 << 16
+        if len(gaps) < limit - self._gap_buffered:  # no step takes the buffer to the limit
+            if len(gaps):
+                self._gap_buffer.append(gaps)
+                self._gap_buffered += len(gaps)
+            return
         if isinstance(gaps_per_step, int):
             gaps_per_step = np.full(k, gaps_per_step, np.int64)
         # NOTE: the gap buffer is compressed at the same step boundaries as step by step
         # (the compressed chunks feed float sums, so their boundaries are part of the result)
-        limit = 1 << 16
         pos = 0
         ends = np.cumsum(gaps_per_step)
         step = 0
@@ -266,15 +271,21 @@ class MetricsRecorder:
             pos, step = end, cross + 1
 
     def _seal(self) -> None:
-        """The open chunk as one typed array per column (steps in order): rows by fancy
-        index, blocks by slice (a numpy scalar fills its k steps); then the StepColumns parts
-        and the full row (file or memory)."""
+        """The open chunk as one typed array per column (steps in order): the rows' values by
+        fancy index at their positions, the blocks' values (arrays concatenated, numpy scalars
+        repeated k times) by fancy index at theirs: a few numpy calls per column, whatever the
+        number of blocks; then the StepColumns parts and the full row (file or memory)."""
         n = self._n
         if not n:
             return
         rows, at, blocks = self._rows, self._row_at, self._blocks
         by_col = list(zip(*rows)) if rows else None
-        pos = np.asarray(at, np.intp) if rows else None
+        row_pos = np.asarray(at, np.intp) if rows else None
+        if blocks:
+            ks = np.fromiter((k for _, k, _ in blocks), np.intp, len(blocks))
+            firsts = np.fromiter((p for p, _, _ in blocks), np.intp, len(blocks))
+            run_ends = np.cumsum(ks)
+            block_pos = np.arange(int(run_ends[-1])) + np.repeat(firsts - (run_ends - ks), ks)
         if self._present is None:  # the first step decides which optional columns are kept
             first = rows[0] if rows and (not blocks or at[0] < blocks[0][0]) else None
             if first is not None:
@@ -288,11 +299,14 @@ class MetricsRecorder:
             seen = 0
             if by_col is not None:
                 values = by_col[idx]
-                missing = values.count(None)
-                seen += len(values) - missing
-            for _, k, blk in blocks:
-                if blk[idx] is not None:
-                    seen += k
+                seen += len(values) - values.count(None)
+            vals = [blk[idx] for _, _, blk in blocks]
+            is_array = [type(v) is np.ndarray for v in vals]
+            if blocks:
+                if any(v is None for v in vals):
+                    seen += sum(k for v, k in zip(vals, ks.tolist()) if v is not None)
+                else:
+                    seen += int(run_ends[-1])
             self._seen[idx] += seen
             if seen != (n if kept else 0):
                 raise _missing_error(name, total_steps - self._seen[idx], total_steps)
@@ -301,13 +315,19 @@ class MetricsRecorder:
             kind = "f" if field in _FLOATS else "i"
             col = np.empty(n, np.float64 if kind == "f" else np.int64)
             if by_col is not None:
-                vals = np.asarray(by_col[idx])
-                if vals.dtype.kind != kind and not (kind == "f" and vals.dtype.kind in "iub"):
-                    raise ValueError(f"iteration column {name} got {vals.dtype} values, "
+                row_vals = np.asarray(by_col[idx])
+                if row_vals.dtype.kind != kind and not (kind == "f" and row_vals.dtype.kind in "iub"):
+                    raise ValueError(f"iteration column {name} got {row_vals.dtype} values, "
                                      f"expected {'floats' if kind == 'f' else 'integers'}")
-                col[pos] = vals
-            for p, k, blk in blocks:
-                col[p:p + k] = blk[idx]
+                col[row_pos] = row_vals
+            if blocks:
+                if not any(is_array):
+                    col[block_pos] = np.repeat(np.asarray(vals), ks)
+                elif all(is_array):
+                    col[block_pos] = np.concatenate(vals)
+                else:
+                    col[block_pos] = np.concatenate([v if a else np.full(k, v) for v, a, k
+                                                     in zip(vals, is_array, ks.tolist())])
             if _IS_TOTAL[idx]:  # running totals -> per-step increments
                 last = col[-1]
                 col = np.diff(col, prepend=self._totals[idx])
