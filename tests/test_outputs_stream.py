@@ -17,8 +17,14 @@ from simulator.config.schema import build_config
 from simulator.engine.run import run
 from simulator.metrics.alerts import AlertRule, firings
 from simulator.metrics.steps import as_steps
-from simulator.metrics.timeseries import (StepFunction, auto_interval, stable_order, time_weighted,
-                                          weighted_stats, with_initial)
+from simulator.metrics.timeseries import (
+    StepFunction,
+    auto_interval,
+    stable_order,
+    time_weighted,
+    weighted_stats,
+    with_initial,
+)
 
 SMALL = ["workload.num_requests=60", "workload.arrival.rate=30"]
 FILES = ("summary.json", "requests.parquet", "iterations.parquet", "timeseries.parquet",
@@ -63,7 +69,7 @@ def test_no_iterations_keeps_no_table_and_the_same_summary(tmp_path):
     lean = run(_config(), keep_iterations=False)
     assert json.dumps(lean.summary, sort_keys=True) == json.dumps(full.summary, sort_keys=True)
     with pytest.raises(ValueError, match="keeps no iterations table"):
-        lean.iterations
+        _ = lean.iterations
     out = lean.write(tmp_path / "lean", iterations=False)
     ref = full.write(tmp_path / "full")
     assert not (out / "iterations.parquet").exists()
@@ -156,7 +162,8 @@ def _firings_reference(rule: AlertRule, fn: StepFunction, t0: float, t1: float) 
         first = i + int(np.searchsorted(ends, start, side="right"))
         seg = values[first:j + 1]
         k = int(np.argmax(seg))
-        out.append((start, b, float(seg[k]), max(start, float(starts[first + k])), j + 1 < n or not end_at_t1))
+        peak_s = max(start, float(starts[first + k]))
+        out.append((start, b, float(seg[k]), peak_s, j + 1 < n or not end_at_t1))
     return out
 
 
