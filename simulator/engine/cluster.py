@@ -179,7 +179,9 @@ class MergedRecorder:
     def step_columns(self) -> StepColumns:
         return as_steps(self.iterations_frame())
 
-    def token_gaps(self) -> tuple[np.ndarray, np.ndarray]:
+    def token_gaps(self, *, release: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Every replica's gaps (`release` is the recorders' own: the per-replica summaries
+        still read them, so nothing is released here)."""
         parts = [r.token_gaps() for r in self.recorders]
         v = np.concatenate([p[0] for p in parts])
         c = np.concatenate([p[1] for p in parts])

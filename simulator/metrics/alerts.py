@@ -130,16 +130,27 @@ def firings(rule: AlertRule, fn: StepFunction, t0: float, t1: float) -> list[Fir
     edges = np.empty(len(times) + 2)
     edges[0], edges[-1] = t0, t1
     np.clip(times, t0, t1, out=edges[1:-1])
-    kept = np.flatnonzero(edges[1:] > edges[:-1])  # length > 0
-    high = np.empty(len(times) + 1, bool)
-    high[0] = fn.initial > rule.threshold
-    np.greater(fn.values, rule.threshold, out=high[1:])
-    above = np.zeros(len(kept) + 2, bool)
-    above[1:-1] = high[kept]
-    del high
+    positive = edges[1:] > edges[:-1]  # length > 0
+    # (None: every piece has a length, piece i is segment i, as in a run's step ends)
+    kept = None if positive.all() else np.flatnonzero(positive)
+    del positive
+    above = np.zeros(len(times) + 3 if kept is None else len(kept) + 2, bool)
+    if kept is None:
+        above[1] = fn.initial > rule.threshold
+        np.greater(fn.values, rule.threshold, out=above[2:-1])
+    else:
+        high = np.empty(len(times) + 1, bool)
+        high[0] = fn.initial > rule.threshold
+        np.greater(fn.values, rule.threshold, out=high[1:])
+        above[1:-1] = high[kept]
+        del high
     first_above = np.flatnonzero(~above[:-1] & above[1:])  # episode i..j: pieces above in a row
     last_above = np.flatnonzero(above[:-1] & ~above[1:]) - 1
-    n = len(kept)
+    del above
+    n = len(times) + 1 if kept is None else len(kept)
+
+    def segments_of(i: int, j: int) -> np.ndarray:  # the segments of kept pieces i..j
+        return np.arange(i, j + 1) if kept is None else kept[i:j + 1]
     end_at_t1 = float(fn.at(np.array([t1]))[0]) > rule.threshold  # value recorded at t1
     out: list[Firing] = []
 
@@ -148,8 +159,9 @@ def firings(rule: AlertRule, fn: StepFunction, t0: float, t1: float) -> list[Fir
             return np.full(len(seg), fn.initial, np.float64)
         return np.where(seg > 0, fn.values[np.maximum(seg - 1, 0)], fn.initial).astype(np.float64)
     for i, j in zip(first_above.tolist(), last_above.tolist()):
-        starts = edges[kept[i:j + 1]]
-        lengths = edges[kept[i:j + 1] + 1] - starts
+        segs = segments_of(i, j)
+        starts = edges[segs]
+        lengths = edges[segs + 1] - starts
         a, b = float(starts[0]), float(starts[-1] + lengths[-1])
         if b - a <= rule.for_s:
             continue
@@ -158,7 +170,7 @@ def firings(rule: AlertRule, fn: StepFunction, t0: float, t1: float) -> list[Fir
             continue
         ends = starts + lengths
         first = int(np.searchsorted(ends, start, side="right"))  # piece holding `start`
-        seg = values_of(kept[i + first:j + 1])
+        seg = values_of(segs[first:])
         k = int(np.argmax(seg))
         # still firing at the end only if the value recorded at t1 is above the threshold
         resolved = j + 1 < n or not end_at_t1

@@ -339,7 +339,7 @@ class MetricsRecorder:
             if name in chunk and not (name == "decode_tokens" and "num_sampled" in chunk):
                 self._steps.setdefault(name, []).append(_narrow(chunk[name]))
         if self._writer is not None:
-            self._writer.write(chunk)
+            self._writer.write({c: _narrow(v) for c, v in chunk.items()})
         elif self._full is not None:
             self._full.append({c: _narrow(v) for c, v in chunk.items()})
 
@@ -472,12 +472,18 @@ class MetricsRecorder:
                 df[attr] = values
         return df
 
-    def token_gaps(self) -> tuple[np.ndarray, np.ndarray]:
-        """(sorted gap values, how many gaps had each value)."""
+    def token_gaps(self, *, release: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted gap values, how many gaps had each value); `release` drops the recorder's
+        own copy (the summary's last use, so that its memory is free for what follows)."""
         self._compress_gaps()
         if not self._gap_values:
             return np.zeros(0), np.zeros(0, np.int64)
         v = np.concatenate(self._gap_values)
         c = np.concatenate(self._gap_counts)
+        if release:
+            self._gap_values, self._gap_counts = [], []
         order = np.argsort(v, kind="stable")
-        return v[order], c[order]
+        c = c[order]
+        del order
+        v.sort(kind="stable")  # the same values as v[order], in place
+        return v, c

@@ -45,7 +45,10 @@ def resolve_slo(spec: SloConfig | dict[str, Any] | None) -> SloConfig:
 
 # --- statistics ------------------------------------------------------------------------------
 def _stats(x: np.ndarray) -> dict[str, float | None]:
-    x = x[np.isfinite(x)]
+    finite = np.isfinite(x)
+    if not finite.all():
+        x = x[finite]
+    del finite
     if len(x) == 0:
         return {"mean": None, **{f"p{p}": None for p in PCTS}, "max": None}
     out = {"mean": float(x.mean())}
@@ -73,7 +76,13 @@ def histogram(x: np.ndarray) -> dict[str, list[int]]:
         return {"upper_bounds": [], "counts": []}
     top = max(1, int(math.ceil(float(x.max()))))
     bounds = 1 << np.arange(int(math.ceil(math.log2(top))) + 1, dtype=np.int64)
-    counts = np.bincount(np.searchsorted(bounds, x, side="left"), minlength=len(bounds))
+    if x.dtype.kind in "iu" and int(x.min()) >= 0:  # counts by value, then by bucket (exact)
+        per_value = np.bincount(x)
+        bucket = np.searchsorted(bounds, np.arange(len(per_value)), side="left")
+        counts = np.zeros(len(bounds), np.int64)
+        np.add.at(counts, bucket, per_value)
+    else:
+        counts = np.bincount(np.searchsorted(bounds, x, side="left"), minlength=len(bounds))
     return {"upper_bounds": bounds.tolist(), "counts": counts.tolist()}
 
 
@@ -101,9 +110,15 @@ def summarize(recorder: MetricsRecorder, num_arrived: int, *, slo: dict | None =
     makespan = t1 - t0
     busy = float(iters["duration_s"].sum()) if len(iters) else 0.0
     multi = done[done.output_tokens > 1]
-    gv, gc = recorder.token_gaps()
+    gv, gc = recorder.token_gaps(release=True)
     itl = _weighted_stats(gv, gc)
     del gv, gc
+    batch = {
+        "num_iterations": int(len(iters)),
+        "num_seqs": _batch_stats(iters["num_seqs"] if len(iters) else np.zeros(0)),
+        "num_tokens": _batch_stats(iters["num_tokens"] if len(iters) else np.zeros(0)),
+        "max_running": int(iters["num_running"].max()) if len(iters) else 0,
+    }
     gauges = _Gauges(iters, t0, t1)
 
     def rate(x: float) -> float:
@@ -155,12 +170,7 @@ def summarize(recorder: MetricsRecorder, num_arrived: int, *, slo: dict | None =
         "kv_cache": _kv_section(recorder.total_slots, gauges),
         "prefix_cache": _prefix_section(iters, done),
         "fragmentation": _fragmentation_section(gauges, kv_allocator),
-        "batch": {
-            "num_iterations": int(len(iters)),
-            "num_seqs": _batch_stats(iters["num_seqs"] if len(iters) else np.zeros(0)),
-            "num_tokens": _batch_stats(iters["num_tokens"] if len(iters) else np.zeros(0)),
-            "max_running": int(iters["num_running"].max()) if len(iters) else 0,
-        },
+        "batch": batch,
         "queue": _queue_section(gauges),
         "preemptions": {
             "total": total_preempt,

@@ -152,12 +152,21 @@ def integral(fn: StepFunction, t0: float, t1: float) -> float:
 
 # --- counters ----------------------------------------------------------------------------------
 def _counter(times: np.ndarray, increments: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """The running total of `increments` (any numeric or bool dtype: summed as float64 in time
+    order, one after the other) at each grid time."""
     if len(times) > 1 and not (times[1:] >= times[:-1]).all():  # step ends are sorted already
         order = np.argsort(times, kind="stable")
         times, increments = times[order], increments[order]
     cum = np.zeros(len(increments) + 1)
     np.cumsum(increments, dtype=np.float64, out=cum[1:])
     return cum[np.searchsorted(times, grid, side="right")]
+
+
+def _count(times: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """_counter(times, ones, grid): a float running count of ones is the count itself."""
+    if len(times) > 1 and not (times[1:] >= times[:-1]).all():
+        times = np.sort(times, kind="stable")
+    return np.searchsorted(times, grid, side="right").astype(np.float64)
 
 
 def generation_token_events(requests: pd.DataFrame, iterations: Iterations) -> tuple[np.ndarray,
@@ -240,20 +249,23 @@ def check_interval(interval_s: float) -> None:
 
 
 def _counter_events(requests: pd.DataFrame, iterations: StepColumns) -> dict[str, tuple]:
+    """(times, increments) per counter; per-step increments are the compact columns as they
+    are (views: _counter sums them as float64)."""
     ends = iterations.ends
     done = requests[requests.status == "finished"]
     started = requests[np.isfinite(requests.first_token_s)]
     events = {
-        "vllm:num_preemptions": (ends, iterations.f64("num_preempted")),
+        "vllm:num_preemptions": (ends, iterations["num_preempted"]),
         "vllm:prompt_tokens": (started.first_token_s.to_numpy(np.float64),
                                started.prompt_tokens.to_numpy(np.float64)),
-        "vllm:generation_tokens": generation_token_events(requests, iterations),
+        "vllm:generation_tokens": ((ends, iterations["num_sampled"]) if "num_sampled" in iterations
+                                   else generation_token_events(requests, iterations)),
         "vllm:request_success": (done.finish_s.to_numpy(np.float64), np.ones(len(done))),
     }
     for name, col in (("vllm:prefix_cache_queries", "prefix_cache_queries"),
                       ("vllm:prefix_cache_hits", "prefix_cache_hits")):
         if col in iterations:
-            events[name] = (ends, iterations.f64(col))
+            events[name] = (ends, iterations[col])
     return events
 
 
@@ -271,7 +283,7 @@ def _histogram_observations(requests: pd.DataFrame, iterations: StepColumns) -> 
         "vllm:request_queue_time_seconds": (
             done.finish_s.to_numpy(np.float64),
             (done.first_scheduled_s - done.arrival_s).to_numpy(np.float64)),
-        "vllm:iteration_tokens_total": (iterations.ends, iterations.f64("num_tokens")),
+        "vllm:iteration_tokens_total": (iterations.ends, iterations["num_tokens"]),
     }
 
 
@@ -288,7 +300,7 @@ def build_timeseries(requests: pd.DataFrame, iterations: Iterations,
     for name, (times, inc) in _counter_events(requests, iterations).items():
         cols[f"{name}_total"] = _counter(times, inc, g)
     for name, (times, values) in _histogram_observations(requests, iterations).items():
-        cols[f"{name}_count"] = _counter(times, np.ones(len(values)), g)
+        cols[f"{name}_count"] = _count(times, g)
         cols[f"{name}_sum"] = _counter(times, values, g)
     return pd.DataFrame(cols)
 
@@ -369,8 +381,8 @@ def openmetrics_chunks(requests: pd.DataFrame, iterations: Iterations, *, interv
             head += f"# UNIT {name} seconds\n"
         yield head
         les = [_le(b) for b in buckets] + ["+Inf"]
-        counts = [_counter(times, (values <= b).astype(np.float64), g) for b in buckets]
-        counts.append(_counter(times, np.ones(len(values)), g))
+        counts = [_counter(times, values <= b, g) for b in buckets]
+        counts.append(_count(times, g))
         sums = _counter(times, values, g)
         for lo in range(0, len(g), _CHUNK_SAMPLES):
             out: list[str] = []
