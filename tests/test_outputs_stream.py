@@ -84,6 +84,8 @@ def test_compact_columns_are_the_table_columns():
     for name, col in steps.columns.items():
         assert np.array_equal(col, table[name]), name
         assert col.dtype.itemsize <= table[name].dtype.itemsize
+    codes, values = steps.sort_key("kv_usage")  # coded: 2 bytes a step, the exact floats
+    assert codes.dtype == np.uint16 and np.array_equal(values[codes], table["kv_usage"])
     assert "prefix_cache_hits" in steps and steps["num_seqs"].dtype != np.int64
 
 
@@ -137,6 +139,11 @@ def test_lean_time_weighting_equals_the_definition(seed, monkeypatch):
         _, w, _ = fn.segments(t0, t1)
         k = None if key is None else np.concatenate([[0], key])
         assert weighted_stats(with_initial(values), w, float(w.sum()), k) == want
+    heavy = np.where(rng.random(n) < 0.7, 0, rng.integers(0, 9, n))  # one code holds most pieces
+    fn = StepFunction(times, heavy.astype(np.float64))
+    _, w, _ = fn.segments(float(times[0]), float(times[-1]))
+    got = weighted_stats(with_initial(fn.values), w, float(w.sum()), np.concatenate([[0], heavy]))
+    assert got == _time_weighted_reference(fn, float(times[0]), float(times[-1]))
     keys = rng.integers(-5, 300, 1000).astype(np.int16)
     assert np.array_equal(stable_order(keys), np.argsort(keys, kind="stable"))
 

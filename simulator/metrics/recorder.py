@@ -116,6 +116,38 @@ def _widen(parts: list[np.ndarray], dtype) -> np.ndarray:
     return out
 
 
+_CODED = frozenset({"kv_usage"})  # float gauges kept as codes into their distinct values
+_MAX_CODES = 1 << 16
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return np.array_equal(a.view(np.int64), b.view(np.int64))
+
+
+def _encode(values: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+    """(sorted distinct values, uint16 codes) of a float chunk, or (None, values) when it has
+    too many distinct values or the codes would not give back its exact bits (np.unique
+    merges -0.0 with 0.0)."""
+    table, codes = np.unique(values, return_inverse=True)
+    if len(table) > _MAX_CODES or not _same_bits(table[codes], values):
+        return None, values
+    return table, codes.astype(np.uint16)
+
+
+def _merge_codes(parts: list[tuple[np.ndarray | None, np.ndarray]]
+                 ) -> tuple[np.ndarray | None, np.ndarray]:
+    """The chunks' codes into one table (exact: each code stands for one float64 value), or
+    the decoded float64 values when they do not fit uint16 codes."""
+    if len(parts) == 1:
+        return parts[0]
+    if all(t is not None for t, _ in parts):
+        table = np.unique(np.concatenate([t for t, _ in parts]))
+        where = [np.searchsorted(table, t) for t, _ in parts]
+        if len(table) <= _MAX_CODES and all(_same_bits(table[w], t) for w, (t, _) in zip(where, parts)):
+            return table, np.concatenate([w.astype(np.uint16)[c] for w, (_, c) in zip(where, parts)])
+    return None, np.concatenate([c if t is None else t[c] for t, c in parts])
+
+
 def _missing_error(name: str, missing: int, total: int) -> ValueError:
     return ValueError(f"iteration column {name} is missing on {missing} of {total} steps; "
                       f"record it on every step or never")
@@ -200,6 +232,7 @@ class MetricsRecorder:
         self._seen = [0] * len(_NAMES)  # steps each column was recorded on (presence errors)
         self._totals = [0] * len(_NAMES)  # last running total of the *_total columns
         self._steps: dict[str, list[np.ndarray]] = {}  # StepColumns chunks (compact)
+        self._coded: dict[str, list[tuple[np.ndarray | None, np.ndarray]]] = {}  # (table, codes)
         self._ends: list[np.ndarray] = []
         self._full: list[dict[str, np.ndarray]] | None = [] if keep_iterations else None
         self._writer = IterationsWriter(iterations_path) if iterations_path is not None else None
@@ -336,7 +369,9 @@ class MetricsRecorder:
         self._rows, self._row_at, self._blocks, self._n = [], [], [], 0
         self._ends.append(chunk["start_s"] + chunk["duration_s"])
         for name in DERIVED_COLUMNS:
-            if name in chunk and not (name == "decode_tokens" and "num_sampled" in chunk):
+            if name in _CODED and name in chunk:
+                self._coded.setdefault(name, []).append(_encode(chunk[name]))
+            elif name in chunk and not (name == "decode_tokens" and "num_sampled" in chunk):
                 self._steps.setdefault(name, []).append(_narrow(chunk[name]))
         if self._writer is not None:
             self._writer.write({c: _narrow(v) for c, v in chunk.items()})
@@ -420,9 +455,17 @@ class MetricsRecorder:
         for name, parts in self._steps.items():
             cols[name] = np.concatenate(parts) if len(parts) > 1 else parts[0]
             self._steps[name] = [cols[name]]
+        coded = {}
+        for name, parts in self._coded.items():
+            merged = _merge_codes(parts)
+            if merged[0] is None:
+                cols[name] = merged[1]
+            else:
+                coded[name] = (merged[1], merged[0])
+            self._coded[name] = [merged]
         ends = np.concatenate(self._ends) if len(self._ends) > 1 else self._ends[0]
         self._ends = [ends]
-        return StepColumns(ends, cols)
+        return StepColumns(ends, cols, coded)
 
     def iterations_frame(self) -> pd.DataFrame:
         """The iterations table (int64 / float64 columns): read back from the streamed file,

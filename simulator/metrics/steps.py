@@ -26,26 +26,37 @@ EMPTY_COLUMNS = ("duration_s", "num_seqs", "num_tokens", "decode_tokens", "num_p
 
 class StepColumns:
     """Step ends (float64, start_s + duration_s per step) and the DERIVED_COLUMNS present, as
-    numpy arrays; `len` is the number of steps, `in` and [] look a column up by name."""
+    numpy arrays; `len` is the number of steps, `in` and [] look a column up by name. A float
+    column with few distinct values (kv_usage: one per free-block count) may be kept as codes
+    into its sorted table of values (`coded`, 2 bytes a step): [] decodes it (a new array)."""
 
-    __slots__ = ("ends", "columns")
+    __slots__ = ("ends", "columns", "coded")
 
-    def __init__(self, ends: np.ndarray, columns: dict[str, np.ndarray]) -> None:
+    def __init__(self, ends: np.ndarray, columns: dict[str, np.ndarray],
+                 coded: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
         self.ends = ends
         self.columns = columns
+        self.coded = coded or {}  # name -> (codes, sorted distinct values)
 
     def __len__(self) -> int:
         return len(self.ends)
 
     def __contains__(self, name: str) -> bool:
-        return name in self.columns
+        return name in self.columns or name in self.coded
 
     def __getitem__(self, name: str) -> np.ndarray:
+        if name in self.coded:
+            codes, table = self.coded[name]
+            return table[codes]
         return self.columns[name]
 
     def f64(self, name: str) -> np.ndarray:
         """A column as float64 (a view when it already is)."""
-        return self.columns[name].astype(np.float64, copy=False)
+        return self[name].astype(np.float64, copy=False)
+
+    def sort_key(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """(codes, table) of a coded column: codes order as the values do (ties alike)."""
+        return self.coded.get(name)
 
 
 def empty_steps() -> StepColumns:

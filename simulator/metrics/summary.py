@@ -219,7 +219,14 @@ class _Gauges:
         self.total = float(self.w.sum())
 
     def values(self, column: str) -> np.ndarray:
-        return with_initial(self.steps[column])
+        coded = self.steps.sort_key(column)
+        if coded is None:
+            return with_initial(self.steps[column])
+        codes, table = coded
+        v = np.empty(len(codes) + 1)
+        v[0] = 0.0
+        np.take(table, codes, out=v[1:])
+        return v
 
     def stats(self, v: np.ndarray, key: np.ndarray | None = None, *,
               p95: bool = True) -> dict[str, float | None]:
@@ -234,7 +241,19 @@ class _Gauges:
         return float(v @ self.w)
 
     def key(self, column: str) -> np.ndarray | None:
-        """[0, column...] as integers (the sort key of an integer gauge), None for floats."""
+        """The sort key of [0, column...]: the values themselves for an integer gauge, codes
+        that order as the values for a coded one (2 c + 1 for code c, the initial 0 between
+        or on them), None for other floats."""
+        coded = self.steps.sort_key(column)
+        if coded is not None:
+            codes, table = coded
+            pos = int(np.searchsorted(table, 0.0, side="left"))
+            on = pos < len(table) and table[pos] == 0.0
+            key = np.empty(len(codes) + 1, np.uint16 if len(table) < 1 << 15 else np.int32)
+            key[0] = 2 * pos + (1 if on else 0)
+            np.multiply(codes, 2, out=key[1:], casting="unsafe")
+            key[1:] += 1
+            return key
         col = self.steps[column]
         if col.dtype.kind not in "iu":
             return None

@@ -121,19 +121,71 @@ def weighted_stats(v: np.ndarray, w: np.ndarray, total: float,
     top = float(v.max())
     if total <= 0:
         return {"mean": None, "p95": None, "max": top}
-    order = stable_order(v if key is None else key)
     target = 0.95 * total
+    if key is not None and key.dtype.kind in "iu" and len(key) and 0 <= int(key.min()) \
+            and int(key.max()) < 1 << 16:
+        pos = _p95_by_code_ranges(w, key, target)
+    else:
+        order = stable_order(v if key is None else key)
+        pos = None
+        carry = np.zeros(1)
+        for lo in range(0, len(v), _ORDER_CHUNK):
+            cum = np.cumsum(np.concatenate([carry, w[order[lo:lo + _ORDER_CHUNK]]]))[1:]
+            if cum[-1] >= target:
+                pos = int(order[lo + int(np.searchsorted(cum, target, side="left"))])
+                break
+            carry[0] = cum[-1]
+        if pos is None:  # never reached (rounding): the last piece in the order
+            pos = int(order[-1])
+        del order
+    return {"mean": float(v @ w / total), "p95": float(v[pos]), "max": top}
+
+
+def _p95_by_code_ranges(w: np.ndarray, key: np.ndarray, target: float) -> int:
+    """The piece where w, cumulated in the stable order of `key` (codes 0 .. 2^16 - 1), first
+    reaches target, without a whole-array order: the codes are cut into ranges of at most
+    ~1/8 of the pieces (a code above that is a range of its own), and each range's pieces are
+    visited in the stable order (by code, then position), the cumulative sum continuing
+    exactly from one range to the next. A range of one code is visited by blocks of positions."""
+    n = len(key)
+    counts = np.bincount(key)
+    limit = max(n // 8, 1)
+    ranges: list[tuple[int, int]] = []
+    lo = 0
+    acc = 0
+    for code in np.flatnonzero(counts).tolist():
+        c = int(counts[code])
+        if acc and (acc + c > limit or c > limit):
+            ranges.append((lo, code))
+            lo, acc = code, 0
+        acc += c
+        if c > limit:
+            ranges.append((lo, code + 1))
+            lo, acc = code + 1, 0
+    if acc:
+        ranges.append((lo, len(counts)))
     carry = np.zeros(1)
-    idx = len(v) - 1
-    for lo in range(0, len(v), _ORDER_CHUNK):
-        part = np.concatenate([carry, w[order[lo:lo + _ORDER_CHUNK]]])
-        cum = np.cumsum(part)[1:]
+    last = -1
+    for a, b in ranges:
+        if b - a == 1:  # one code: its pieces in position order, a block at a time
+            for s in range(0, n, _ORDER_CHUNK):
+                sel = np.flatnonzero(key[s:s + _ORDER_CHUNK] == a)
+                if not len(sel):
+                    continue
+                cum = np.cumsum(np.concatenate([carry, w[s:s + _ORDER_CHUNK][sel]]))[1:]
+                if cum[-1] >= target:
+                    return s + int(sel[np.searchsorted(cum, target, side="left")])
+                carry[0] = cum[-1]
+                last = s + int(sel[-1])
+            continue
+        sel = np.flatnonzero((key >= a) & (key < b))
+        sel = sel[np.argsort(key[sel], kind="stable")]
+        cum = np.cumsum(np.concatenate([carry, w[sel]]))[1:]
         if cum[-1] >= target:
-            idx = lo + int(np.searchsorted(cum, target, side="left"))
-            break
+            return int(sel[np.searchsorted(cum, target, side="left")])
         carry[0] = cum[-1]
-    p95 = float(v[order[min(idx, len(v) - 1)]])
-    return {"mean": float(v @ w / total), "p95": p95, "max": top}
+        last = int(sel[-1])
+    return last
 
 
 def stable_order(x: np.ndarray) -> np.ndarray:
