@@ -366,6 +366,15 @@ def _num(v: float) -> str:
     return repr(f)
 
 
+def _nums(values: np.ndarray) -> list[str]:
+    """_num of every value (integers converted as one array, the rest one by one)."""
+    vals = np.asarray(values, dtype=np.float64)
+    whole = (vals == np.floor(vals)) & (np.abs(vals) < 2**53)
+    if whole.all():
+        return list(map(str, vals.astype(np.int64).tolist()))
+    return [str(int(f)) if w else repr(f) for f, w in zip(vals.tolist(), whole.tolist())]
+
+
 def _le(b: float) -> str:
     f = float(b)
     return f"{f:.1f}" if f == int(f) else repr(f)
@@ -412,13 +421,16 @@ def openmetrics_chunks(requests: pd.DataFrame, iterations: Iterations, *, interv
     lab = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted((labels or {}).items()))
     sel = "{" + lab + "}" if lab else ""
 
+    all_stamps = [f"{start_unix_s + t:.3f}\n" for t in g.tolist()]  # every series' timestamps
+
     def stamps(lo: int, hi: int) -> list[str]:
-        return [f"{start_unix_s + t:.3f}" for t in g[lo:hi]]
+        return all_stamps[lo:hi]
 
     def series(prefix: str, vals: np.ndarray):
+        head = prefix + " "
         for lo in range(0, len(g), _CHUNK_SAMPLES):
             hi = lo + _CHUNK_SAMPLES
-            yield "".join(f"{prefix} {_num(v)} {t}\n" for v, t in zip(vals[lo:hi], stamps(lo, hi)))
+            yield "".join([head + v + " " + t for v, t in zip(_nums(vals[lo:hi]), stamps(lo, hi))])
     for name, (col, help_) in GAUGES.items():
         yield f"# HELP {name} {help_}\n# TYPE {name} gauge\n"
         yield from series(f"{name}{sel}", gauge(iterations, col).at(g))
@@ -436,12 +448,16 @@ def openmetrics_chunks(requests: pd.DataFrame, iterations: Iterations, *, interv
         counts = [_counter(times, values <= b, g) for b in buckets]
         counts.append(_count(times, g))
         sums = _counter(times, values, g)
+        heads = [f'{name}_bucket{{{pre}le="{le}"}} ' for le in les]
+        count_head, sum_head = f"{name}_count{sel} ", f"{name}_sum{sel} "
         for lo in range(0, len(g), _CHUNK_SAMPLES):
+            hi = lo + _CHUNK_SAMPLES
+            texts = [_nums(c[lo:hi]) for c in counts]
+            sum_texts = _nums(sums[lo:hi])
             out: list[str] = []
-            for k, t in enumerate(stamps(lo, lo + _CHUNK_SAMPLES), start=lo):
-                out += [f'{name}_bucket{{{pre}le="{le}"}} {_num(c[k])} {t}\n' for le, c in zip(les, counts)]
-                out += [f"{name}_count{sel} {_num(counts[-1][k])} {t}\n",
-                        f"{name}_sum{sel} {_num(sums[k])} {t}\n"]
+            for k, t in enumerate(stamps(lo, hi)):
+                out += [h + x[k] + " " + t for h, x in zip(heads, texts)]
+                out += [count_head + texts[-1][k] + " " + t, sum_head + sum_texts[k] + " " + t]
             yield "".join(out)
     yield "# EOF\n"
 
