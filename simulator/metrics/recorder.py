@@ -319,6 +319,7 @@ class MetricsRecorder:
             firsts = np.fromiter((p for p, _, _ in blocks), np.intp, len(blocks))
             run_ends = np.cumsum(ks)
             block_pos = np.arange(int(run_ends[-1])) + np.repeat(firsts - (run_ends - ks), ks)
+            by_block = list(zip(*(blk for _, _, blk in blocks)))  # per column: each block's value
         if self._present is None:  # the first step decides which optional columns are kept
             first = rows[0] if rows and (not blocks or at[0] < blocks[0][0]) else None
             if first is not None:
@@ -333,10 +334,10 @@ class MetricsRecorder:
             if by_col is not None:
                 values = by_col[idx]
                 seen += len(values) - values.count(None)
-            vals = [blk[idx] for _, _, blk in blocks]
-            is_array = [type(v) is np.ndarray for v in vals]
+            vals = by_block[idx] if blocks else ()
+            types = set(map(type, vals))
             if blocks:
-                if any(v is None for v in vals):
+                if type(None) in types:
                     seen += sum(k for v, k in zip(vals, ks.tolist()) if v is not None)
                 else:
                     seen += int(run_ends[-1])
@@ -354,13 +355,13 @@ class MetricsRecorder:
                                      f"expected {'floats' if kind == 'f' else 'integers'}")
                 col[row_pos] = row_vals
             if blocks:
-                if not any(is_array):
+                if np.ndarray not in types:
                     col[block_pos] = np.repeat(np.asarray(vals), ks)
-                elif all(is_array):
+                elif len(types) == 1:
                     col[block_pos] = np.concatenate(vals)
                 else:
-                    col[block_pos] = np.concatenate([v if a else np.full(k, v) for v, a, k
-                                                     in zip(vals, is_array, ks.tolist())])
+                    col[block_pos] = np.concatenate([v if type(v) is np.ndarray else np.full(k, v)
+                                                     for v, k in zip(vals, ks.tolist())])
             if _IS_TOTAL[idx]:  # running totals -> per-step increments
                 last = col[-1]
                 col = np.diff(col, prepend=self._totals[idx])
