@@ -176,6 +176,10 @@ class MergedRecorder:
         self._iters = it
         return it
 
+    def busy_s(self) -> float:
+        it = self.iterations_frame()
+        return float(it.duration_s.sum()) if len(it) else 0.0
+
     def step_columns(self) -> StepColumns:
         return as_steps(self.iterations_frame())
 

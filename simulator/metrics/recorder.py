@@ -372,6 +372,8 @@ class MetricsRecorder:
         for name in DERIVED_COLUMNS:
             if name in _CODED and name in chunk:
                 self._coded.setdefault(name, []).append(_encode(chunk[name]))
+            elif name == "duration_s" and self._writer is not None:
+                continue  # in the file: busy_s reads it back (8 bytes a step less)
             elif name in chunk and not (name == "decode_tokens" and "num_sampled" in chunk):
                 self._steps.setdefault(name, []).append(_narrow(chunk[name]))
         if self._writer is not None:
@@ -445,6 +447,19 @@ class MetricsRecorder:
         """The streamed file now lives at `path` (Result.write moved it)."""
         if self._writer is not None:
             self._writer.path = Path(path)
+
+    def busy_s(self) -> float:
+        """Sum of the step durations (numpy's pairwise sum over the whole column, as the
+        summary has always taken it); a streamed run reads the column back from its file."""
+        self.finish()
+        if not self.num_steps:
+            return 0.0
+        if "duration_s" in self._steps:
+            return float(self.step_columns()["duration_s"].sum())
+        import pyarrow.parquet as pq
+
+        durations = pq.read_table(self._writer.path, columns=["duration_s"]).column(0).to_numpy()
+        return float(durations.sum())
 
     # --- tables ---------------------------------------------------------------------------
     def step_columns(self) -> StepColumns:

@@ -99,7 +99,13 @@ def summarize(recorder: MetricsRecorder, num_arrived: int, *, slo: dict | None =
               alerts: dict | None = None, kv_allocator: str = "paged") -> dict[str, Any]:
     """The run summary (schema_version 2, docs/metrics.md). `slo` and `alerts` are the YAML
     sections (None: the defaults); `kv_allocator` says whether external fragmentation is 0 by
-    construction (paged: any free block is usable) or must come from a recorded column."""
+    construction (paged: any free block is usable) or must come from a recorded column.
+    NOTE: in the order that keeps the peak memory low: the token gaps first (then released),
+    then the tables, then one gauge at a time (_Gauges)."""
+    gv, gc = recorder.token_gaps(release=True)
+    itl = _weighted_stats(gv, gc)
+    del gv, gc
+    busy = recorder.busy_s()
     reqs = recorder.requests_frame()
     iters = recorder.step_columns()
     targets = resolve_slo(slo)
@@ -108,11 +114,7 @@ def summarize(recorder: MetricsRecorder, num_arrived: int, *, slo: dict | None =
     rejected = reqs[reqs.status == "rejected"]
     t0, t1 = run_window(reqs, iters)
     makespan = t1 - t0
-    busy = float(iters["duration_s"].sum()) if len(iters) else 0.0
     multi = done[done.output_tokens > 1]
-    gv, gc = recorder.token_gaps(release=True)
-    itl = _weighted_stats(gv, gc)
-    del gv, gc
     batch = {
         "num_iterations": int(len(iters)),
         "num_seqs": _batch_stats(iters["num_seqs"] if len(iters) else np.zeros(0)),
