@@ -70,6 +70,7 @@ class Cluster:
         self.num_arrived = 0
         self.req_to_replica: dict[int, int] = {}
         self._pending: list[list[Request]] = [[] for _ in range(n)]  # routed, not yet scheduled
+        self._prune_at = [64] * n  # NOTE: pruned when it doubles: memory bounded by the live ones
         for rep in replicas:  # the replicas exist first: each tells the cluster who leaves
             rep.on_request_end = self.request_ended
 
@@ -77,12 +78,16 @@ class Cluster:
         return self.replicas[i].kv
 
     def pending_prompt_tokens(self, i: int) -> int:
+        return sum(r.prompt_tokens for r in self._prune(i))
+
+    def _prune(self, i: int) -> list[Request]:
         live = [r for r in self._pending[i] if r.first_scheduled_s < 0 and r.status is Status.WAITING]
         self._pending[i] = live
-        return sum(r.prompt_tokens for r in live)
+        self._prune_at[i] = 2 * len(live) + 64
+        return live
 
     def request_ended(self, req: Request) -> None:
-        i = self.req_to_replica[req.req_id]
+        i = self.req_to_replica.pop(req.req_id)  # its last use: the map holds live requests only
         self.outstanding[i] -= 1
         self.outstanding_tokens[i] -= req.prompt_tokens + req.output_tokens
 
@@ -96,6 +101,8 @@ class Cluster:
         self.outstanding[i] += 1
         self.outstanding_tokens[i] += req.prompt_tokens + req.output_tokens
         self._pending[i].append(req)
+        if len(self._pending[i]) > self._prune_at[i]:
+            self._prune(i)
         self.replicas[i].submit(req)
 
     def close(self) -> None:
