@@ -3,10 +3,14 @@
 Run from the project root:
     python experiments/bench_core.py                       # W1-W4 (W4 at 100,000 requests)
     python experiments/bench_core.py --only w4 --w4-requests 1000000 --no-step
+    python experiments/bench_core.py --only w4 --w4-requests 1000000 --w4-growth-from 100000
 Each run is a separate `python -m simulator run` process (wall = the whole command, peak RSS
-from wait4). Per workload it prints wall, engine steps, steps per wall second, peak RSS and the
-speed-up over `engine.advance: step` measured in the same invocation (W4's step reference runs
-at --w4-step-requests, a small N, and the speed-up compares steps per second).
+from wait4, iterations.parquet written unless --no-iterations). Per workload it prints wall,
+engine steps, steps per wall second, peak RSS and the speed-up over `engine.advance: step`
+measured in the same invocation (W4's step reference runs at --w4-step-requests, a small N,
+and the speed-up compares steps per second). --w4-growth-from N also runs W4 at N requests
+and prints the cost growth (wall and RSS ratios) from N to --w4-requests. The load average
+is printed before and after: walls on a shared machine are only comparable at equal load.
 """
 
 from __future__ import annotations
@@ -51,7 +55,10 @@ def main() -> None:
     ap.add_argument("--w4-step-requests", type=int, default=3_000)
     ap.add_argument("--no-step", action="store_true", help="skip the step-loop reference runs")
     ap.add_argument("--no-iterations", action="store_true", help="runs skip iterations.parquet")
+    ap.add_argument("--w4-growth-from", type=int, metavar="N",
+                    help="also run W4 at N requests and print the growth to --w4-requests")
     args = ap.parse_args()
+    print("load average (1, 5, 15 min): " + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
     print(f"{'workload':<28} {'wall s':>8} {'steps':>10} {'steps/s':>10} {'RSS GB':>7} "
           f"{'step wall s':>11} {'speed-up':>8}")
     for name in args.only:
@@ -64,6 +71,12 @@ def main() -> None:
             sets = [f"workload.num_requests={args.w4_requests}", rate]
             step_sets = [f"workload.num_requests={args.w4_step_requests}", rate]
             label = f"W4 {args.w4_requests:,} req @ {args.w4_rate}"
+        if name == "w4" and args.w4_growth_from:
+            base_sets = [f"workload.num_requests={args.w4_growth_from}", rate]
+            base = one_run(config, base_sets, "event", not args.no_iterations)
+            print(f"{f'W4 {args.w4_growth_from:,} req @ {args.w4_rate}':<28} {base['wall_s']:>8.2f} "
+                  f"{base['steps']:>10,} {base['steps'] / base['wall_s']:>10,.0f} {base['rss_gb']:>7.2f}",
+                  flush=True)
         ev = one_run(config, sets, "event", not args.no_iterations)
         line = (f"{label:<28} {ev['wall_s']:>8.2f} {ev['steps']:>10,} "
                 f"{ev['steps'] / ev['wall_s']:>10,.0f} {ev['rss_gb']:>7.2f}")
@@ -77,6 +90,11 @@ def main() -> None:
                 ref = one_run(config, [], "step")
                 line += f" {ref['wall_s']:>11.2f} {ref['wall_s'] / ev['wall_s']:>7.1f}x"
         print(line, flush=True)
+        if name == "w4" and args.w4_growth_from:
+            print(f"W4 growth {args.w4_growth_from:,} -> {args.w4_requests:,} requests: wall "
+                  f"{ev['wall_s'] / base['wall_s']:.2f}x, steps {ev['steps'] / base['steps']:.2f}x, "
+                  f"peak RSS {ev['rss_gb'] / base['rss_gb']:.2f}x", flush=True)
+    print("load average (1, 5, 15 min): " + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
 
 
 if __name__ == "__main__":

@@ -262,6 +262,22 @@ def test_step_times_equals_step_time(gpu, model, asyn, eager, rows):
     assert vector.tolist() == scalar  # bit-equal: the event-level engine sums these
 
 
+@settings(max_examples=60, deadline=None)
+@given(gpu=st.sampled_from(GPUS), model=st.sampled_from(MODELS), asyn=st.booleans(), eager=st.booleans(),
+       shape=st.tuples(st.integers(1, 3000), st.integers(0, 300), st.integers(0, 300), st.integers(-1, 3000)),
+       attn=st.lists(st.tuples(st.floats(0, 1e7), st.integers(0, 200000)), min_size=1, max_size=20))
+def test_fixed_shape_step_times_equals_step_time(gpu, model, asyn, eager, shape, attn):
+    """step_times with scalar tokens / samples / sequences / prefill (a decode run's call) takes
+    the fixed-shape path: still bit-equal to step_time."""
+    cm = CostModel(get_model(model), get_gpu(gpu), max_tokens=1024, async_scheduling=asyn,
+                   enforce_eager=eager)
+    t, s, seqs, prefill = shape
+    pairs = np.array([a for a, _ in attn])
+    kv = np.array([k for _, k in attn])
+    vector = cm.step_times(t, s, pairs, kv, seqs, prefill)
+    assert vector.tolist() == [cm.step_time(StepShape(t, s, p, k, seqs, prefill)) for p, k in attn]
+
+
 def test_step_time_stays_cheap():
     """The hot path: one step_time call costs a few microseconds (tables, scalar arithmetic)."""
     import time

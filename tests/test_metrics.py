@@ -170,12 +170,16 @@ def test_slo_validation():
         build_config(None, ["slo.tpot=0.1"])
 
 
-def test_recorder_scalar_columns_and_merges_match_per_step_records(monkeypatch):
-    """Blocks of steps with constant columns as numpy scalars, int32 in memory, merged every few
-    steps: the same iterations table (values and int64/float64 dtypes) as one record per step."""
+@pytest.mark.parametrize("streamed", [False, True])
+def test_recorder_scalar_columns_and_merges_match_per_step_records(monkeypatch, tmp_path, streamed):
+    """Blocks of steps with constant columns as numpy scalars, narrow ints in memory, sealed
+    into chunks every few steps (and streamed to parquet in row groups of 7 rows): the same
+    iterations table (values and int64/float64 dtypes) as one record per step."""
     import simulator.metrics.recorder as recorder_mod
-    monkeypatch.setattr(recorder_mod, "_MERGE_ROWS", 5)
-    a, b = MetricsRecorder(100), MetricsRecorder(100)
+    monkeypatch.setattr(recorder_mod, "_CHUNK_ROWS", 5)
+    monkeypatch.setattr(recorder_mod, "ROW_GROUP_ROWS", 7)
+    a = MetricsRecorder(100)
+    b = MetricsRecorder(100, iterations_path=tmp_path / "it.parquet" if streamed else None)
     rows = [StepRecord(0.1 * i, 0.1, 2, 2, 0, 2, 0, 0, 2, 1, 10 + i, 0.1 + i / 100, 8 + i, 2,
                        swap_s=0.0) for i in range(12)]
     for r in rows:

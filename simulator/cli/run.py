@@ -56,8 +56,9 @@ def register(sub, help: str) -> None:
     p.add_argument("--seed", type=int, help="random seed (default 0)")
     p.add_argument("--seeds", type=int, default=1, metavar="N",
                    help="run N seeds (seed, seed+1, ...) and report mean and 95%% interval")
-    p.add_argument("--metrics-interval-s", type=float, default=1.0, metavar="S",
-                   help="sampling interval of timeseries.parquet / openmetrics.txt (default 1 s)")
+    p.add_argument("--metrics-interval-s", type=float, default=None, metavar="S",
+                   help="sampling interval of timeseries.parquet / openmetrics.txt (default 1 s, "
+                        "or longer for runs over ~5.5 simulated hours: at most 20,000 samples)")
     p.add_argument("--no-iterations", dest="iterations", action="store_false",
                    help="do not write iterations.parquet (one row per engine step; sweeps)")
     p.add_argument("--model", help="model name (e.g. llama-3.1-8b) or path to a Hugging Face config.json")
@@ -132,7 +133,8 @@ def main(args: argparse.Namespace) -> int:
     if args.gpu:
         extra["gpu"] = args.gpu
     config = build_config(args.config, args.overrides, extra)
-    check_interval(args.metrics_interval_s)
+    if args.metrics_interval_s is not None:
+        check_interval(args.metrics_interval_s)
     if args.seeds < 1:
         raise ConfigError(f"--seeds must be an integer >= 1, got {args.seeds}")
     check_out_dir(args.out, "--out")
@@ -150,7 +152,8 @@ def main(args: argparse.Namespace) -> int:
         if not args.quiet:
             print_setup(out_console, setup)
     try:
-        result = run(config, progress=None if args.quiet else update, trace=trace, on_setup=on_setup)
+        result = run(config, progress=None if args.quiet else update, trace=trace, on_setup=on_setup,
+                     **_iterations_args(Path(args.out), args.iterations))
     finally:
         stop()
     out = result.write(Path(args.out), interval_s=args.metrics_interval_s, iterations=args.iterations)
@@ -168,6 +171,15 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _iterations_args(out: Path, iterations: bool) -> dict:
+    """run()'s memory arguments: iterations.parquet streamed into the run directory as the run
+    goes (a partial name until Result.write), or no iterations table at all (--no-iterations)."""
+    if not iterations:
+        return {"keep_iterations": False}
+    out.mkdir(parents=True, exist_ok=True)
+    return {"iterations_path": out / ".iterations.parquet.partial"}
+
+
 def _main_seeds(args: argparse.Namespace, config) -> int:
     import json
 
@@ -183,7 +195,8 @@ def _main_seeds(args: argparse.Namespace, config) -> int:
         if not args.quiet and not summaries:
             print_setup(out_console, setup)
     for seed in seeds:
-        result = run(config.replace(seed=seed), on_setup=on_setup)
+        result = run(config.replace(seed=seed), on_setup=on_setup,
+                     **_iterations_args(out / f"seed_{seed}", args.iterations))
         result.write(out / f"seed_{seed}", interval_s=args.metrics_interval_s,
                      iterations=args.iterations)
         summaries.append(result.summary)

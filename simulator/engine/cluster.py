@@ -29,6 +29,7 @@ from simulator.engine.replica import Replica
 from simulator.engine.routers import ROUTERS
 from simulator.errors import ConfigError
 from simulator.metrics.recorder import MetricsRecorder
+from simulator.metrics.steps import StepColumns, as_steps
 from simulator.metrics.summary import summarize
 from simulator.workload.request import Request, Status
 
@@ -69,6 +70,7 @@ class Cluster:
         self.num_arrived = 0
         self.req_to_replica: dict[int, int] = {}
         self._pending: list[list[Request]] = [[] for _ in range(n)]  # routed, not yet scheduled
+        self._prune_at = [64] * n  # NOTE: pruned when it doubles: memory bounded by the live ones
         for rep in replicas:  # the replicas exist first: each tells the cluster who leaves
             rep.on_request_end = self.request_ended
 
@@ -76,12 +78,16 @@ class Cluster:
         return self.replicas[i].kv
 
     def pending_prompt_tokens(self, i: int) -> int:
+        return sum(r.prompt_tokens for r in self._prune(i))
+
+    def _prune(self, i: int) -> list[Request]:
         live = [r for r in self._pending[i] if r.first_scheduled_s < 0 and r.status is Status.WAITING]
         self._pending[i] = live
-        return sum(r.prompt_tokens for r in live)
+        self._prune_at[i] = 2 * len(live) + 64
+        return live
 
     def request_ended(self, req: Request) -> None:
-        i = self.req_to_replica[req.req_id]
+        i = self.req_to_replica.pop(req.req_id)  # its last use: the map holds live requests only
         self.outstanding[i] -= 1
         self.outstanding_tokens[i] -= req.prompt_tokens + req.output_tokens
 
@@ -99,6 +105,8 @@ class Cluster:
         self.outstanding[i] += 1
         self.outstanding_tokens[i] += req.prompt_tokens + req.output_tokens
         self._pending[i].append(req)
+        if len(self._pending[i]) > self._prune_at[i]:
+            self._prune(i)
         return i
 
     def close(self) -> None:
@@ -143,7 +151,7 @@ class MergedRecorder:
     def requests_frame(self) -> pd.DataFrame:
         frames = []
         for i, rec in enumerate(self.recorders):
-            df = rec.requests_frame()
+            df = rec.requests_frame().copy()
             df.insert(1, "replica", np.full(len(df), i, np.int64))
             frames.append(df)
         return pd.concat(frames, ignore_index=True).sort_values("req_id", kind="stable") \
@@ -179,7 +187,16 @@ class MergedRecorder:
         self._iters = it
         return it
 
-    def token_gaps(self) -> tuple[np.ndarray, np.ndarray]:
+    def busy_s(self) -> float:
+        it = self.iterations_frame()
+        return float(it.duration_s.sum()) if len(it) else 0.0
+
+    def step_columns(self) -> StepColumns:
+        return as_steps(self.iterations_frame())
+
+    def token_gaps(self, *, release: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Every replica's gaps (`release` is the recorders' own: the per-replica summaries
+        still read them, so nothing is released here)."""
         parts = [r.token_gaps() for r in self.recorders]
         v = np.concatenate([p[0] for p in parts])
         c = np.concatenate([p[1] for p in parts])

@@ -52,6 +52,7 @@ from simulator.engine.replica import Replica, feed_arrivals
 from simulator.engine.routers import ROUTERS
 from simulator.errors import ConfigError
 from simulator.metrics.recorder import MetricsRecorder
+from simulator.metrics.steps import StepColumns, as_steps
 from simulator.metrics.summary import summarize
 from simulator.workload.generators import RequestArrays
 from simulator.workload.load import generate
@@ -331,7 +332,7 @@ class DisaggCluster:
 
     # --- outputs --------------------------------------------------------------------------
     def num_ended(self) -> int:
-        return len(self.front.requests) + sum(len(r.recorder.requests) for r in self.decode.replicas)
+        return self.front.num_ended + sum(r.recorder.num_ended for r in self.decode.replicas)
 
 
 class DisaggRecorder:
@@ -387,7 +388,15 @@ class DisaggRecorder:
                                           "prefill", "decode"))
         return it
 
-    def token_gaps(self) -> tuple[np.ndarray, np.ndarray]:
+    def busy_s(self) -> float:
+        it = self.iterations_frame()
+        return float(it.duration_s.sum()) if len(it) else 0.0
+
+    def step_columns(self) -> StepColumns:
+        return as_steps(self.iterations_frame())
+
+    def token_gaps(self, *, release: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """The decode side's gaps (`release`: see MergedRecorder.token_gaps, nothing released)."""
         return self.merged.token_gaps()
 
 
@@ -471,12 +480,12 @@ def build_disaggregated(config: SimConfig, workload: RequestArrays, *,
 def run_disaggregated(config: SimConfig, workload: RequestArrays | None = None, *,
                       progress: Callable[[int, int], None] | None = None, vectorized: bool = True,
                       on_setup: Callable[[Setup], None] | None = None
-                      ) -> tuple[Setup, dict[str, Any], pd.DataFrame, pd.DataFrame, DisaggCluster]:
+                      ) -> tuple[Setup, dict[str, Any], pd.DataFrame, DisaggRecorder, DisaggCluster]:
     """run.run's steps for a P/D cluster: 1. both pools' setups (bad input fails here);
     2. `on_setup` for each; 3. the workload from the seed; 4. build_disaggregated; 5. SimPy until
     every arrival has finished or been rejected; 6. the summary (plus `disaggregation`) and the
     tables. Returns the setup run.Result carries (the prefill pool's, with the whole config), the
-    summary, the requests and iterations frames and the cluster (tests)."""
+    summary, the requests frame, the recorder (its iterations_frame) and the cluster (tests)."""
     spec = resolve_disagg(config)
     if on_setup is not None:
         on_setup(spec.prefill)
@@ -504,5 +513,4 @@ def run_disaggregated(config: SimConfig, workload: RequestArrays | None = None, 
     summary = summarize(rec, dc.num_arrived, slo=config.slo, alerts=config.alerts,
                         kv_allocator=config.engine.kv_allocator)
     summary["disaggregation"] = disagg_section(dc, rec, config)
-    return (replace(spec.prefill, config=config), summary, rec.requests_frame(),
-            rec.iterations_frame(), dc)
+    return replace(spec.prefill, config=config), summary, rec.requests_frame(), rec, dc

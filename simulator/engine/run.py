@@ -8,7 +8,8 @@ sections, several replicas' add `summary["cluster"]` and a `replica` column in t
 Outputs in the run directory:
 - summary.json     the run summary (docs/metrics.md documents every field), sorted keys
 - requests.parquet one row per request (finished and rejected)
-- iterations.parquet one row per engine step
+- iterations.parquet one row per engine step (streamed there as the run goes when `run` is
+                   given `iterations_path`: one replica; clusters write it at the end)
 - config.yaml      the resolved configuration (every default filled in)
 - timeseries.parquet, openmetrics.txt, alerts.json   monitoring (metrics.write_monitoring)
 Same config + seed => byte-identical files: no wall clock and no global RNG reach them.
@@ -17,6 +18,7 @@ Same config + seed => byte-identical files: no wall clock and no global RNG reac
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +41,7 @@ from simulator.engine.replica import Replica, feed_arrivals
 from simulator.engine.routers import ROUTERS
 from simulator.engine.steptrace import StepTrace
 from simulator.metrics.recorder import MetricsRecorder
+from simulator.metrics.steps import StepColumns
 from simulator.metrics.summary import clean_floats, summarize, write_monitoring
 from simulator.workload.generators import RequestArrays
 from simulator.workload.load import generate
@@ -51,26 +54,51 @@ class Result:
     setup: Setup
     summary: dict[str, Any]
     requests: pd.DataFrame
-    iterations: pd.DataFrame
+    recorder: MetricsRecorder | MergedRecorder = field(repr=False)  # the run's tables
     wall_s: float = field(default=0.0)  # informational only, never written to outputs
     # one replica's scheduler in its final state, for inspection (None for several replicas)
     scheduler: SchedulerInterface | None = field(default=None, repr=False)
+    _iterations: pd.DataFrame | None = field(default=None, repr=False)
 
-    def write(self, out_dir: str | Path, *, interval_s: float = 1.0, iterations: bool = True) -> Path:
-        """The run directory; `interval_s` is the sampling interval of the time series;
-        `iterations` False skips iterations.parquet (sweeps; an older one there is removed, so
-        the directory never mixes runs)."""
+    @property
+    def iterations(self) -> pd.DataFrame:
+        """The iterations table (one row per step; read back when it was streamed to a file;
+        a run with keep_iterations=False and no file has none: ValueError)."""
+        if self._iterations is None:
+            self._iterations = self.recorder.iterations_frame()
+        return self._iterations
+
+    @property
+    def steps(self) -> StepColumns:
+        """The compact per-step columns the summary and the monitoring files are made from."""
+        return self.recorder.step_columns()
+
+    def write(self, out_dir: str | Path, *, interval_s: float | None = None,
+              iterations: bool = True) -> Path:
+        """The run directory; `interval_s` is the sampling interval of the time series (None:
+        timeseries.auto_interval, 1 s unless the run is long); `iterations` False skips
+        iterations.parquet (sweeps; an older one there is removed, so the directory never
+        mixes runs). A streamed iterations file is moved (same file system) or copied there."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(
             json.dumps(clean_floats(self.summary), indent=2, sort_keys=True) + "\n")
         (out / "config.yaml").write_text(yaml.safe_dump(self.setup.resolved_dict(), sort_keys=True))
         self.requests.to_parquet(out / "requests.parquet", index=False)
-        if iterations:
-            self.iterations.to_parquet(out / "iterations.parquet", index=False)
-        else:
-            (out / "iterations.parquet").unlink(missing_ok=True)
-        write_monitoring(out, self.requests, self.iterations, alerts=self.setup.config.alerts,
+        target = out / "iterations.parquet"
+        streamed = self.recorder.iterations_file() if isinstance(self.recorder, MetricsRecorder) else None
+        if not iterations:
+            target.unlink(missing_ok=True)
+        elif streamed is None:
+            self.iterations.to_parquet(target, index=False)
+        elif streamed.resolve() != target.resolve():
+            if streamed.parent.resolve() == out.resolve():
+                os.replace(streamed, target)
+                self.recorder.iterations_moved(target)
+            else:
+                import shutil
+                shutil.copyfile(streamed, target)
+        write_monitoring(out, self.requests, self.steps, alerts=self.setup.config.alerts,
                          interval_s=interval_s, labels={"model_name": self.setup.model.name})
         return out
 
@@ -88,17 +116,22 @@ def run_config_summary(s: Setup) -> dict[str, Any]:
 
 def run(config: SimConfig, workload: RequestArrays | None = None, *,
         progress: Callable[[int, int], None] | None = None, vectorized: bool = True,
-        trace: StepTrace | None = None, on_setup: Callable[[Setup], None] | None = None) -> Result:
+        trace: StepTrace | None = None, on_setup: Callable[[Setup], None] | None = None,
+        iterations_path: str | Path | None = None, keep_iterations: bool = True) -> Result:
     """Steps: 1. setup (names, plug-in params, memory, cost model: bad input fails here, before
     any work); 2. `on_setup(setup)`, e.g. to print the setup lines; 3. the workload from the seed;
     4. one scheduler, recorder and Replica process per replica, the router in front; 5. SimPy
     run until every arrival has finished or been rejected; 6. the summary and tables.
-    `progress(ended, total)` is called after every step; `trace` records one replica's steps."""
+    `progress(ended, total)` is called after every step; `trace` records one replica's steps.
+    Memory: `iterations_path` streams one replica's iterations table to that parquet file as
+    the run goes (Result.write moves it into the run directory); `keep_iterations` False keeps
+    no iterations table at all (only the compact columns of the summary; --no-iterations).
+    Clusters keep their replicas' tables in memory (their rows are merged at the end)."""
     if config.cluster.mode == "disaggregated":  # prefill and decode pools (engine/disagg.py)
-        s, summary, reqs, iters, _ = run_disaggregated(config, workload, progress=progress,
-                                                       vectorized=vectorized, on_setup=on_setup)
+        s, summary, reqs, rec, _ = run_disaggregated(config, workload, progress=progress,
+                                                     vectorized=vectorized, on_setup=on_setup)
         summary["config"] = run_config_summary(s)
-        return Result(s, summary, reqs, iters)
+        return Result(s, summary, reqs, rec)
     s = setup(config)
     if on_setup is not None:
         on_setup(s)
@@ -107,13 +140,17 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *,
         workload = generate(config.workload, seeds[0])
     n = s.cluster.replicas
     schedulers = [s.backend.build(s, workload, vectorized=vectorized) for _ in range(n)]
-    recorders = [MetricsRecorder(sched.kv.total_slots) for sched in schedulers]
+    if n == 1:
+        recorders = [MetricsRecorder(schedulers[0].kv.total_slots, iterations_path=iterations_path,
+                                     keep_iterations=keep_iterations)]
+    else:
+        recorders = [MetricsRecorder(sched.kv.total_slots) for sched in schedulers]
     tick = None
     if progress is not None:
         total = len(workload)
 
         def tick() -> None:
-            progress(sum(len(r.requests) for r in recorders), total)
+            progress(sum(r.num_ended for r in recorders), total)
     env = simpy.Environment()
     clock = ArrivalClock() if config.engine.advance == "event" else None
     replicas = [Replica(env, sched, s.cost, rec, s.engine.max_model_len, on_iteration=tick,
@@ -139,8 +176,7 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *,
     else:
         # NOTE: no engine sections (evictions, swap) for clusters yet, as before the one loop
         summary["cluster"] = cluster_section(s.cluster, cluster, recorders, config)
-    return Result(s, summary, merged.requests_frame(), merged.iterations_frame(), wall,
-                  schedulers[0] if n == 1 else None)
+    return Result(s, summary, merged.requests_frame(), merged, wall, schedulers[0] if n == 1 else None)
 
 
 def add_engine_sections(summary: dict[str, Any], stats: SchedulerStats) -> None:

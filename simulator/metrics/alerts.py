@@ -31,7 +31,8 @@ import pandas as pd
 
 from simulator.config.sections import DEFAULT_RULES, RULE_KEYS, SIGNALS, AlertsConfig  # noqa: F401 (re-exported)
 from simulator.errors import ConfigError
-from simulator.metrics.timeseries import StepFunction, gauge, run_window, step_ends
+from simulator.metrics.steps import as_steps
+from simulator.metrics.timeseries import Iterations, StepFunction, gauge, run_window
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,13 +83,13 @@ def resolve_rules(spec: AlertsConfig | dict[str, Any] | None) -> list[AlertRule]
             for name, r in alerts.items() if r.enabled]
 
 
-def preemption_rate(requests: pd.DataFrame, iterations: pd.DataFrame, window_s: float) -> StepFunction:
+def preemption_rate(requests: pd.DataFrame, iterations: Iterations, window_s: float) -> StepFunction:
     """preemptions / (preemptions + finishes) in (t - window_s, t], exact: the ratio only changes
     when an event enters the window (its time) or leaves it (its time + window_s)."""
-    ends = step_ends(iterations)
-    p_inc = iterations.num_preempted.to_numpy(np.float64) if len(iterations) else np.zeros(0)
-    keep = p_inc > 0
-    p_t, p_inc = ends[keep], p_inc[keep]
+    steps = as_steps(iterations)
+    preempted = steps["num_preempted"]
+    keep = np.flatnonzero(preempted > 0)
+    p_t, p_inc = steps.ends[keep], preempted[keep].astype(np.float64)
     f_t = np.sort(requests.finish_s[requests.status == "finished"].to_numpy(np.float64))
     p_cum = np.concatenate([[0.0], np.cumsum(p_inc)])
     change = np.unique(np.concatenate([p_t, p_t + window_s, f_t, f_t + window_s]))
@@ -106,7 +107,7 @@ def preemption_rate(requests: pd.DataFrame, iterations: pd.DataFrame, window_s: 
     return StepFunction(change, rate)
 
 
-def signal(name: str, requests: pd.DataFrame, iterations: pd.DataFrame,
+def signal(name: str, requests: pd.DataFrame, iterations: Iterations,
            window_s: float = 10.0) -> StepFunction:
     if name == "kv_usage":
         return gauge(iterations, "kv_usage")
@@ -123,23 +124,53 @@ def firings(rule: AlertRule, fn: StepFunction, t0: float, t1: float) -> list[Fir
     """1. Cut [t0, t1] into the signal's constant pieces; 2. join consecutive pieces above the
     threshold into episodes [a, b); 3. an episode longer than for_s fires over [a + for_s, b),
     with the peak over that span."""
-    starts, lengths, values = fn.segments(t0, t1)
-    keep = lengths > 0
-    starts, lengths, values = starts[keep], lengths[keep], values[keep]
-    above = np.concatenate([[False], values > rule.threshold, [False]])
+    # NOTE: StepFunction.segments less its pieces of length 0, without arrays of the pieces'
+    # own: `kept` maps a kept piece to its segment (edges[s], edges[s + 1], value v[s])
+    times = fn.times
+    edges = np.empty(len(times) + 2)
+    edges[0], edges[-1] = t0, t1
+    np.clip(times, t0, t1, out=edges[1:-1])
+    positive = edges[1:] > edges[:-1]  # length > 0
+    # (None: every piece has a length, piece i is segment i, as in a run's step ends)
+    kept = None if positive.all() else np.flatnonzero(positive)
+    del positive
+    above = np.zeros(len(times) + 3 if kept is None else len(kept) + 2, bool)
+    if kept is None:
+        above[1] = fn.initial > rule.threshold
+        np.greater(fn.values, rule.threshold, out=above[2:-1])
+    else:
+        high = np.empty(len(times) + 1, bool)
+        high[0] = fn.initial > rule.threshold
+        np.greater(fn.values, rule.threshold, out=high[1:])
+        above[1:-1] = high[kept]
+        del high
     first_above = np.flatnonzero(~above[:-1] & above[1:])  # episode i..j: pieces above in a row
     last_above = np.flatnonzero(above[:-1] & ~above[1:]) - 1
-    n = len(values)
+    del above
+    n = len(times) + 1 if kept is None else len(kept)
+
+    def segments_of(i: int, j: int) -> np.ndarray:  # the segments of kept pieces i..j
+        return np.arange(i, j + 1) if kept is None else kept[i:j + 1]
     end_at_t1 = float(fn.at(np.array([t1]))[0]) > rule.threshold  # value recorded at t1
     out: list[Firing] = []
+
+    def values_of(seg: np.ndarray) -> np.ndarray:  # v[s] of segments s (v[0] = initial)
+        if not len(fn.values):
+            return np.full(len(seg), fn.initial, np.float64)
+        return np.where(seg > 0, fn.values[np.maximum(seg - 1, 0)], fn.initial).astype(np.float64)
     for i, j in zip(first_above.tolist(), last_above.tolist()):
-        a, b = float(starts[i]), float(starts[j] + lengths[j])
+        segs = segments_of(i, j)
+        starts = edges[segs]
+        lengths = edges[segs + 1] - starts
+        a, b = float(starts[0]), float(starts[-1] + lengths[-1])
         if b - a <= rule.for_s:
             continue
         start = a + rule.for_s
-        ends = starts[i:j + 1] + lengths[i:j + 1]
-        first = i + int(np.searchsorted(ends, start, side="right"))  # piece holding `start`
-        seg = values[first:j + 1]
+        if start >= b:  # b - a > for_s, but a + for_s rounds up to b: nothing left to fire
+            continue
+        ends = starts + lengths
+        first = int(np.searchsorted(ends, start, side="right"))  # piece holding `start`
+        seg = values_of(segs[first:])
         k = int(np.argmax(seg))
         # still firing at the end only if the value recorded at t1 is above the threshold
         resolved = j + 1 < n or not end_at_t1
@@ -149,8 +180,9 @@ def firings(rule: AlertRule, fn: StepFunction, t0: float, t1: float) -> list[Fir
 
 
 def evaluate(rules: list[AlertRule], requests: pd.DataFrame,
-             iterations: pd.DataFrame) -> list[Firing]:
+             iterations: Iterations) -> list[Firing]:
     """Every firing of every rule over the run window, ordered by rule then start time."""
+    iterations = as_steps(iterations)
     t0, t1 = run_window(requests, iterations)
     out: list[Firing] = []
     for rule in rules:

@@ -1,16 +1,22 @@
 """MetricsRecorder: what a run leaves behind, appended step by step.
 
 The engine hands over one StepRecord per engine step (the replica fills it from the step's
-Batch and the scheduler's stats after commit) and every request that ends (finished or
-rejected). The recorder only appends; the tables are built when asked for:
+Batch and the scheduler's stats after commit), or k steps at once as columns (`record_many`,
+the event-level advance), and every request that ends (finished or rejected). The recorder only
+appends; the tables are built when asked for:
 - iterations: one row per step, ITER_COLUMNS always, then OPTIONAL_ITER_COLUMNS present when
   the engine keeps them (a record field is None on every step, or on none);
 - requests: one row per request, in req_id order;
 - token gaps: every inter-token gap, kept as (value, count).
-Memory per step does not hold Python objects: rows are flushed every 4096 steps into typed
-column blocks (counts as int32 when they fit, running totals and times as 64-bit), and a
-column that is constant over a block of steps (a decode run's batch size, zeros) is kept as
-one numpy scalar; the tables restore the int64 / float64 columns as written before.
+Memory per step holds no Python objects and, for a streamed run, only what the summary needs:
+- steps are gathered into chunks of _CHUNK_ROWS rows (record's rows as tuples, record_many's
+  blocks as arrays or numpy scalars, one typed array per column when the chunk is sealed);
+- each sealed chunk gives the StepColumns the summary, time series and alerts read (steps.py:
+  step ends, durations, gauges, counts in the narrowest integer dtype), and the full row
+  either to an iterations.parquet being written (`iterations_path`: row groups of
+  ROW_GROUP_ROWS rows, pyarrow's default, so the file is the one DataFrame.to_parquet writes,
+  byte for byte) or, without a path, kept compact for iterations_frame() (`keep_iterations`);
+- requests become typed columns every _REQUEST_CHUNK ended requests (the Request objects go).
 KV counters arrive as the manager's running totals (StepRecord.*_total) and are stored as
 per-step increments, as vLLM's counters are reported.
 """
@@ -19,10 +25,12 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from simulator.metrics.steps import DERIVED_COLUMNS, StepColumns, empty_steps
 from simulator.workload.request import Request
 
 ITER_COLUMNS = ("start_s", "duration_s", "num_seqs", "num_tokens", "prefill_tokens",
@@ -72,111 +80,183 @@ _OPTIONAL = (("num_sampled", "num_sampled", False),
 # NOTE: one C call reads a whole record into a row tuple: the per-step cost stays ~1 us
 _ROW = operator.attrgetter(*ITER_COLUMNS, *(f for _, f, _ in _OPTIONAL))
 
+_NAMES = (*ITER_COLUMNS, *(f for _, f, _ in _OPTIONAL))  # record fields, in row order
+_TABLE = (*ITER_COLUMNS, *(c for c, _, _ in _OPTIONAL))  # their iteration-table columns
+_IS_TOTAL = tuple(name in {f for _, f, t in _OPTIONAL if t} for name in _NAMES)
+_FLOATS = frozenset({"start_s", "duration_s", "kv_usage", "swap_s"})  # float64; the rest int64
+_NUM_OPTIONAL = len(_OPTIONAL)
 
-_NAMES = (*ITER_COLUMNS, *(f for _, f, _ in _OPTIONAL))
-_COLUMN_OF = {f: c for c, f, _ in _OPTIONAL}  # record field -> iteration column
-_FLUSH_ROWS = 4096  # rows buffered as tuples before they become typed column arrays
+_CHUNK_ROWS = 1 << 16  # steps gathered before they become typed columns
+ROW_GROUP_ROWS = 1024 * 1024  # pyarrow's default row group length (DataFrame.to_parquet's)
+_REQUEST_CHUNK = 4096  # ended requests kept as objects before they become typed columns
+_INT_TYPES = (np.int8, np.int16, np.int32)
 
 
-_I32 = np.iinfo(np.int32)
-
-
-def _compact(values: np.ndarray) -> np.ndarray:
-    """int64 counts as int32 when every value fits (iterations_frame widens them back)."""
-    if values.dtype == np.int64 and len(values) and _I32.min <= values.min() and values.max() <= _I32.max:
-        return values.astype(np.int32)
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """int64 counts in the narrowest integer dtype holding them (exact; float64 as it is)."""
+    if values.dtype.kind != "i" or not len(values):
+        return values
+    lo, hi = int(values.min()), int(values.max())
+    for t in _INT_TYPES:
+        info = np.iinfo(t)
+        if info.min <= lo and hi <= info.max:
+            return values.astype(t)
     return values
 
 
-def _as_block(columns: list) -> list[np.ndarray | None]:
-    """Per-step values of each column as one typed array (None: not kept in these steps)."""
-    block: list[np.ndarray | None] = []
-    for name, values in zip((*ITER_COLUMNS, *(c for c, _, _ in _OPTIONAL)), columns):
-        missing = values.count(None) if isinstance(values, tuple) else 0
-        if missing == len(values) and isinstance(values, tuple):
-            block.append(None)
-            continue
-        if missing:
-            raise ValueError(f"iteration column {name} is missing on {missing} of "
-                             f"{len(values)} steps; record it on every step or never")
-        block.append(_compact(np.asarray(values)))
-    return block
+def _widen(parts: list[np.ndarray], dtype) -> np.ndarray:
+    """Compact chunk arrays as one array of the table's dtype."""
+    if len(parts) == 1:
+        return parts[0].astype(dtype, copy=False)
+    out = np.empty(sum(len(p) for p in parts), dtype)
+    pos = 0
+    for p in parts:
+        out[pos:pos + len(p)] = p
+        pos += len(p)
+    return out
 
 
-def _expand(value: np.ndarray | np.generic, k: int) -> np.ndarray:
-    """A block's column as k values: a numpy scalar stands for k equal values (same dtype);
-    int32 blocks widen back to int64 (the dtype the tables have always had)."""
-    if isinstance(value, np.generic):
-        return np.full(k, value)
-    return value.astype(np.int64) if value.dtype == np.int32 else value
+_CODED = frozenset({"kv_usage"})  # float gauges kept as codes into their distinct values
+_MAX_CODES = 1 << 16
 
 
-def _merge(blocks: list[list], sizes: list[int]) -> list[np.ndarray | None]:
-    """Several column blocks as one compact block (scalars expanded, counts as int32)."""
-    merged: list[np.ndarray | None] = []
-    for k, name in enumerate(_NAMES):
-        parts = [blk[k] for blk in blocks]
-        missing = sum(n for n, p in zip(sizes, parts) if p is None)
-        if missing == sum(sizes):
-            merged.append(None)
-            continue
-        if missing:
-            raise ValueError(f"iteration column {_COLUMN_OF.get(name, name)} is missing on {missing} "
-                             f"of {sum(sizes)} steps; record it on every step or never")
-        merged.append(_compact(np.concatenate([_expand(p, n) for p, n in zip(parts, sizes)])))
-    return merged
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return np.array_equal(a.view(np.int64), b.view(np.int64))
 
 
-_MERGE_ROWS = 1 << 16  # recent blocks are merged into one compact block every ~65k steps
+def _encode(values: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+    """(sorted distinct values, uint16 codes) of a float chunk, or (None, values) when it has
+    too many distinct values or the codes would not give back its exact bits (np.unique
+    merges -0.0 with 0.0)."""
+    table, codes = np.unique(values, return_inverse=True)
+    if len(table) > _MAX_CODES or not _same_bits(table[codes], values):
+        return None, values
+    return table, codes.astype(np.uint16)
+
+
+def _merge_codes(parts: list[tuple[np.ndarray | None, np.ndarray]]
+                 ) -> tuple[np.ndarray | None, np.ndarray]:
+    """The chunks' codes into one table (exact: each code stands for one float64 value), or
+    the decoded float64 values when they do not fit uint16 codes."""
+    if len(parts) == 1:
+        return parts[0]
+    if all(t is not None for t, _ in parts):
+        table = np.unique(np.concatenate([t for t, _ in parts]))
+        where = [np.searchsorted(table, t) for t, _ in parts]
+        if len(table) <= _MAX_CODES and all(_same_bits(table[w], t) for w, (t, _) in zip(where, parts)):
+            return table, np.concatenate([w.astype(np.uint16)[c] for w, (_, c) in zip(where, parts)])
+    return None, np.concatenate([c if t is None else t[c] for t, c in parts])
+
+
+def _missing_error(name: str, missing: int, total: int) -> ValueError:
+    return ValueError(f"iteration column {name} is missing on {missing} of {total} steps; "
+                      f"record it on every step or never")
+
+
+class IterationsWriter:
+    """iterations.parquet written as the run goes: row groups of ROW_GROUP_ROWS rows, each
+    column contiguous, the schema DataFrame.to_parquet gives the same table (pandas metadata
+    included), so the bytes are those of writing the whole DataFrame at the end."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._parts: list[dict[str, np.ndarray]] = []
+        self._rows = 0
+        self._writer = None
+        self._schema = None
+        self.num_rows = 0
+
+    def write(self, chunk: dict[str, np.ndarray]) -> None:
+        """A sealed chunk (table columns in order, compact dtypes); whole row groups go out."""
+        self._parts.append(chunk)
+        self._rows += len(next(iter(chunk.values())))
+        while self._rows >= ROW_GROUP_ROWS:
+            self._write_group(ROW_GROUP_ROWS)
+
+    def _write_group(self, n: int) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        names = list(self._parts[0])
+        taken: list[dict[str, np.ndarray]] = []
+        need = n
+        while need:
+            part = self._parts[0]
+            k = len(part[names[0]])
+            if k <= need:
+                taken.append(self._parts.pop(0))
+                need -= k
+            else:
+                taken.append({c: v[:need] for c, v in part.items()})
+                self._parts[0] = {c: v[need:] for c, v in part.items()}
+                need = 0
+        self._rows -= n
+        columns = {c: _widen([t[c] for t in taken], np.float64 if c in _FLOATS else np.int64)
+                   for c in names}
+        if self._writer is None:
+            empty = pd.DataFrame({c: np.zeros(0, v.dtype) for c, v in columns.items()})
+            self._schema = pa.Table.from_pandas(empty, preserve_index=False).schema
+            self._writer = pq.ParquetWriter(self.path, self._schema, compression="snappy")
+        self._writer.write_table(pa.Table.from_arrays([pa.array(v) for v in columns.values()],
+                                                      schema=self._schema))
+        self.num_rows += n
+
+    def close(self) -> None:
+        """The last (short) row group and the footer; a run without steps writes the empty
+        table as before (ITER_COLUMNS, float64)."""
+        if self._rows:
+            self._write_group(self._rows)
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        elif not self.num_rows:
+            pd.DataFrame({c: np.asarray(()) for c in ITER_COLUMNS}).to_parquet(self.path, index=False)
 
 
 class MetricsRecorder:
-    """Per-step rows live as typed numpy column blocks (a short tuple buffer in front), so the
-    memory per step is ~4-8 bytes a column, not Python objects; `record_many` appends a block
-    of steps at once (the event-level advance); recent blocks (one per decode run) are merged
-    every ~65k steps, so a run's block costs no Python objects for long either."""
+    """Steps are gathered into chunks and sealed into typed columns (module docstring):
+    `iterations_path` streams the iterations table to that parquet file as the run goes
+    (then iterations_frame() reads it back), else `keep_iterations` keeps it compact in
+    memory (False: only what the summary needs, e.g. --no-iterations)."""
 
-    def __init__(self, total_slots: int) -> None:
+    def __init__(self, total_slots: int, *, iterations_path: str | Path | None = None,
+                 keep_iterations: bool = True) -> None:
         self.total_slots = total_slots
-        self._rows: list[tuple] = []
-        self._blocks: list[list[np.ndarray | None]] = []  # merged
-        self._recent: list[list] = []  # blocks since the last merge (arrays or numpy scalars)
-        self._recent_rows = 0
         self.num_steps = 0
+        # the open chunk: record's row tuples and their positions, record_many's blocks
+        self._rows: list[tuple] = []
+        self._row_at: list[int] = []
+        self._blocks: list[tuple[int, int, list]] = []
+        self._n = 0
+        self._present: tuple[bool, ...] | None = None  # which optional columns are kept
+        self._seen = [0] * len(_NAMES)  # steps each column was recorded on (presence errors)
+        self._totals = [0] * len(_NAMES)  # last running total of the *_total columns
+        self._steps: dict[str, list[np.ndarray]] = {}  # StepColumns chunks (compact)
+        self._coded: dict[str, list[tuple[np.ndarray | None, np.ndarray]]] = {}  # (table, codes)
+        self._ends: list[np.ndarray] = []
+        self._full: list[dict[str, np.ndarray]] | None = [] if keep_iterations else None
+        self._writer = IterationsWriter(iterations_path) if iterations_path is not None else None
         self._gap_values: list[np.ndarray] = []
         self._gap_counts: list[np.ndarray] = []
         self._gap_buffer: list[np.ndarray] = []
         self._gap_buffered = 0
-        self.requests: list[Request] = []  # finished and rejected, in the order they ended
+        self._ended: list[Request] = []  # ended requests not yet columns
+        self._req_chunks: list[dict[str, np.ndarray | list]] = []
+        self.num_ended = 0  # requests finished or rejected so far
+        self._done = False
+        self._requests: pd.DataFrame | None = None
 
+    # --- appending ------------------------------------------------------------------------
     def record(self, step: StepRecord) -> None:
         """One engine step (StepRecord's fields; its token gaps join the gap counts)."""
-        rows = self._rows
-        rows.append(_ROW(step))
+        self._rows.append(_ROW(step))
+        self._row_at.append(self._n)
+        self._n += 1
         self.num_steps += 1
-        if len(rows) >= _FLUSH_ROWS:
-            self._flush()
+        if self._n >= _CHUNK_ROWS:
+            self._seal()
         if step.token_gaps is not None:
             self.add_token_gaps(step.token_gaps)
-
-    def _flush(self) -> None:
-        if self._rows:
-            self._add_block(_as_block(list(zip(*self._rows))), len(self._rows))
-            self._rows = []
-
-    def _add_block(self, block: list, k: int) -> None:
-        self._recent.append(block)
-        self._recent_rows += k
-        if self._recent_rows >= _MERGE_ROWS:
-            self._merge_recent()
-
-    def _merge_recent(self) -> None:
-        if self._recent:
-            recent = self._recent
-            self._blocks.append(recent[0] if len(recent) == 1 and not any(
-                isinstance(v, np.generic) for v in recent[0]) else
-                _merge(recent, [len(blk[0]) for blk in recent]))
-            self._recent, self._recent_rows = [], 0
 
     def record_many(self, columns: dict[str, np.ndarray | np.generic | None], gaps: np.ndarray,
                     gaps_per_step: np.ndarray | int) -> None:
@@ -186,16 +266,23 @@ class MetricsRecorder:
         start_s is always k values. `gaps` are the steps' token gaps in step order,
         `gaps_per_step` how many each step has (an int: the same on every step). Same tables
         and gap counts as k `record` calls."""
-        self._flush()
         block = [columns[name] for name in _NAMES]
         k = len(block[0])
-        self._add_block(block, k)
+        self._blocks.append((self._n, k, block))
+        self._n += k
         self.num_steps += k
+        if self._n >= _CHUNK_ROWS:
+            self._seal()
+        limit = 1 << 16
+        if len(gaps) < limit - self._gap_buffered:  # no step takes the buffer to the limit
+            if len(gaps):
+                self._gap_buffer.append(gaps)
+                self._gap_buffered += len(gaps)
+            return
         if isinstance(gaps_per_step, int):
             gaps_per_step = np.full(k, gaps_per_step, np.int64)
         # NOTE: the gap buffer is compressed at the same step boundaries as step by step
         # (the compressed chunks feed float sums, so their boundaries are part of the result)
-        limit = 1 << 16
         pos = 0
         ends = np.cumsum(gaps_per_step)
         step = 0
@@ -216,6 +303,84 @@ class MetricsRecorder:
                 self._compress_gaps()
             pos, step = end, cross + 1
 
+    def _seal(self) -> None:
+        """The open chunk as one typed array per column (steps in order): the rows' values by
+        fancy index at their positions, the blocks' values (arrays concatenated, numpy scalars
+        repeated k times) by fancy index at theirs: a few numpy calls per column, whatever the
+        number of blocks; then the StepColumns parts and the full row (file or memory)."""
+        n = self._n
+        if not n:
+            return
+        rows, at, blocks = self._rows, self._row_at, self._blocks
+        by_col = list(zip(*rows)) if rows else None
+        row_pos = np.asarray(at, np.intp) if rows else None
+        if blocks:
+            ks = np.fromiter((k for _, k, _ in blocks), np.intp, len(blocks))
+            firsts = np.fromiter((p for p, _, _ in blocks), np.intp, len(blocks))
+            run_ends = np.cumsum(ks)
+            block_pos = np.arange(int(run_ends[-1])) + np.repeat(firsts - (run_ends - ks), ks)
+            by_block = list(zip(*(blk for _, _, blk in blocks)))  # per column: each block's value
+        if self._present is None:  # the first step decides which optional columns are kept
+            first = rows[0] if rows and (not blocks or at[0] < blocks[0][0]) else None
+            if first is not None:
+                self._present = tuple(v is not None for v in first)
+            else:
+                self._present = tuple(v is not None for v in blocks[0][2])
+        chunk: dict[str, np.ndarray] = {}
+        total_steps = self.num_steps  # a chunk is sealed as soon as it is full, or at the end
+        for idx, (field, name) in enumerate(zip(_NAMES, _TABLE)):
+            kept = self._present[idx]
+            seen = 0
+            if by_col is not None:
+                values = by_col[idx]
+                seen += len(values) - values.count(None)
+            vals = by_block[idx] if blocks else ()
+            types = set(map(type, vals))
+            if blocks:
+                if type(None) in types:
+                    seen += sum(k for v, k in zip(vals, ks.tolist()) if v is not None)
+                else:
+                    seen += int(run_ends[-1])
+            self._seen[idx] += seen
+            if seen != (n if kept else 0):
+                raise _missing_error(name, total_steps - self._seen[idx], total_steps)
+            if not kept:
+                continue
+            kind = "f" if field in _FLOATS else "i"
+            col = np.empty(n, np.float64 if kind == "f" else np.int64)
+            if by_col is not None:
+                row_vals = np.asarray(by_col[idx])
+                if row_vals.dtype.kind != kind and not (kind == "f" and row_vals.dtype.kind in "iub"):
+                    raise ValueError(f"iteration column {name} got {row_vals.dtype} values, "
+                                     f"expected {'floats' if kind == 'f' else 'integers'}")
+                col[row_pos] = row_vals
+            if blocks:
+                if np.ndarray not in types:
+                    col[block_pos] = np.repeat(np.asarray(vals), ks)
+                elif len(types) == 1:
+                    col[block_pos] = np.concatenate(vals)
+                else:
+                    col[block_pos] = np.concatenate([v if type(v) is np.ndarray else np.full(k, v)
+                                                     for v, k in zip(vals, ks.tolist())])
+            if _IS_TOTAL[idx]:  # running totals -> per-step increments
+                last = col[-1]
+                col = np.diff(col, prepend=self._totals[idx])
+                self._totals[idx] = last
+            chunk[name] = col
+        self._rows, self._row_at, self._blocks, self._n = [], [], [], 0
+        self._ends.append(chunk["start_s"] + chunk["duration_s"])
+        for name in DERIVED_COLUMNS:
+            if name in _CODED and name in chunk:
+                self._coded.setdefault(name, []).append(_encode(chunk[name]))
+            elif name == "duration_s" and self._writer is not None:
+                continue  # in the file: busy_s reads it back (8 bytes a step less)
+            elif name in chunk and not (name == "decode_tokens" and "num_sampled" in chunk):
+                self._steps.setdefault(name, []).append(_narrow(chunk[name]))
+        if self._writer is not None:
+            self._writer.write({c: _narrow(v) for c, v in chunk.items()})
+        elif self._full is not None:
+            self._full.append({c: _narrow(v) for c, v in chunk.items()})
+
     def add_token_gaps(self, gaps: np.ndarray) -> None:
         # Most gaps in a step are equal (one step duration): they are kept as (value, count),
         # compressed in batches because np.unique per step costs more than the step's own numpy.
@@ -228,38 +393,21 @@ class MetricsRecorder:
         if self._gap_buffer:
             values, counts = np.unique(np.concatenate(self._gap_buffer), return_counts=True)
             self._gap_values.append(values)
-            self._gap_counts.append(counts)
+            self._gap_counts.append(counts.astype(np.int32))  # <= 2^16 + a step's gaps
             self._gap_buffer, self._gap_buffered = [], 0
 
     def request_ended(self, req: Request) -> None:
-        self.requests.append(req)
+        self._ended.append(req)
+        self.num_ended += 1
+        if len(self._ended) >= _REQUEST_CHUNK:
+            self._seal_requests()
 
-    # --- tables ---------------------------------------------------------------------------
-    def iterations_frame(self) -> pd.DataFrame:
-        self._flush()
-        self._merge_recent()
-        blocks = self._blocks
-        if not blocks:
-            return pd.DataFrame({c: np.asarray(()) for c in ITER_COLUMNS})
-        sizes = [len(blk[0]) for blk in blocks]
-        cols = {c: np.concatenate([_expand(blk[k], n) for blk, n in zip(blocks, sizes)])
-                for k, c in enumerate(ITER_COLUMNS)}
-        for k, (name, _, is_total) in enumerate(_OPTIONAL, start=len(ITER_COLUMNS)):
-            parts = [None if blk[k] is None else _expand(blk[k], n) for blk, n in zip(blocks, sizes)]
-            missing = sum(n for n, p in zip(sizes, parts) if p is None)
-            if missing == self.num_steps:  # not kept by this engine
-                continue
-            if missing:
-                raise ValueError(f"iteration column {name} is missing on {missing} of "
-                                 f"{self.num_steps} steps; record it on every step or never")
-            values = np.concatenate(parts)
-            cols[name] = np.diff(values, prepend=0) if is_total else values
-        return pd.DataFrame(cols)
-
-    def requests_frame(self) -> pd.DataFrame:
-        reqs = sorted(self.requests, key=lambda r: r.req_id)
+    def _seal_requests(self) -> None:
+        reqs = self._ended
+        if not reqs:
+            return
         f = lambda attr, dt: np.fromiter(map(operator.attrgetter(attr), reqs), dtype=dt, count=len(reqs))  # noqa: E731
-        df = pd.DataFrame({
+        chunk: dict[str, np.ndarray | list] = {
             "req_id": f("req_id", np.int64),
             "arrival_s": f("arrival_s", np.float64),
             "prompt_tokens": f("prompt_tokens", np.int64),
@@ -272,21 +420,129 @@ class MetricsRecorder:
             "num_cached_tokens": f("num_cached_tokens", np.int64),
             "status": [r.status.value for r in reqs],
             "reject_reason": [r.reject_reason for r in reqs],
-        })
+            "tenant": [str(v or "") for v in map(operator.attrgetter("tenant"), reqs)],
+            "tier": [str(v or "") for v in map(operator.attrgetter("tier"), reqs)],
+        }
+        for name in ("prompt_tokens", "output_tokens", "priority", "num_preemptions", "num_cached_tokens"):
+            chunk[name] = _narrow(chunk[name])
+        self._req_chunks.append(chunk)
+        self._ended = []
+
+    def finish(self) -> None:
+        """End of the run: the open chunks sealed, iterations.parquet completed."""
+        if self._done:
+            return
+        self._seal()
+        self._seal_requests()
+        self._compress_gaps()
+        if self._writer is not None:
+            self._writer.close()
+        self._done = True
+
+    def iterations_file(self) -> Path | None:
+        """The parquet file the iterations table was streamed to (None: not streamed)."""
+        return self._writer.path if self._writer is not None else None
+
+    def iterations_moved(self, path: str | Path) -> None:
+        """The streamed file now lives at `path` (Result.write moved it)."""
+        if self._writer is not None:
+            self._writer.path = Path(path)
+
+    def busy_s(self) -> float:
+        """Sum of the step durations (numpy's pairwise sum over the whole column, as the
+        summary has always taken it); a streamed run reads the column back from its file."""
+        self.finish()
+        if not self.num_steps:
+            return 0.0
+        if "duration_s" in self._steps:
+            return float(self.step_columns()["duration_s"].sum())
+        import pyarrow.parquet as pq
+
+        durations = pq.read_table(self._writer.path, columns=["duration_s"]).column(0).to_numpy()
+        return float(durations.sum())
+
+    # --- tables ---------------------------------------------------------------------------
+    def step_columns(self) -> StepColumns:
+        """What the summary, time series and alerts read (steps.py), compact."""
+        self.finish()
+        if not self._ends:
+            return empty_steps()
+        cols = {}
+        for name, parts in self._steps.items():
+            cols[name] = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            self._steps[name] = [cols[name]]
+        coded = {}
+        for name, parts in self._coded.items():
+            merged = _merge_codes(parts)
+            if merged[0] is None:
+                cols[name] = merged[1]
+            else:
+                coded[name] = (merged[1], merged[0])
+            self._coded[name] = [merged]
+        ends = np.concatenate(self._ends) if len(self._ends) > 1 else self._ends[0]
+        self._ends = [ends]
+        return StepColumns(ends, cols, coded)
+
+    def iterations_frame(self) -> pd.DataFrame:
+        """The iterations table (int64 / float64 columns): read back from the streamed file,
+        or built from the compact chunks kept in memory."""
+        self.finish()
+        if self._writer is not None:
+            return pd.read_parquet(self._writer.path)
+        if self._full is None:
+            raise ValueError("this recorder keeps no iterations table (keep_iterations=False)")
+        if not self._full:
+            return pd.DataFrame({c: np.asarray(()) for c in ITER_COLUMNS})
+        return pd.DataFrame({c: _widen([ch[c] for ch in self._full],
+                                       np.float64 if c in _FLOATS else np.int64)
+                             for c in self._full[0]})
+
+    def requests_frame(self) -> pd.DataFrame:
+        """One row per ended request, in req_id order (built once, at the end of the run)."""
+        self.finish()
+        if self._requests is None:
+            self._requests = self._requests_table()
+        return self._requests
+
+    def _requests_table(self) -> pd.DataFrame:
+        chunks = self._req_chunks
+        names = ("req_id", "arrival_s", "prompt_tokens", "output_tokens", "priority",
+                 "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions",
+                 "num_cached_tokens")
+        if chunks:
+            order = np.argsort(np.concatenate([c["req_id"] for c in chunks]), kind="stable")
+        else:
+            order = np.zeros(0, np.intp)
+        cols: dict[str, np.ndarray | list] = {}
+        for name in names:
+            dt = np.float64 if name.endswith("_s") else np.int64
+            cols[name] = (_widen([c[name] for c in chunks], dt) if chunks else np.zeros(0, dt))[order]
+        lists = {name: [v for c in chunks for v in c[name]] for name in ("status", "reject_reason",
+                                                                          "tenant", "tier")}
+        take = order.tolist()
+        cols["status"] = [lists["status"][i] for i in take]
+        cols["reject_reason"] = [lists["reject_reason"][i] for i in take]
+        df = pd.DataFrame(cols)
         for col in ("first_scheduled_s", "first_token_s", "finish_s"):
             df.loc[df[col] < 0, col] = np.nan
         for attr in ("tenant", "tier"):  # only when the workload sets them
-            values = [str(v or "") for v in map(operator.attrgetter(attr), reqs)]
+            values = [lists[attr][i] for i in take]
             if any(values):
                 df[attr] = values
         return df
 
-    def token_gaps(self) -> tuple[np.ndarray, np.ndarray]:
-        """(sorted gap values, how many gaps had each value)."""
+    def token_gaps(self, *, release: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted gap values, how many gaps had each value); `release` drops the recorder's
+        own copy (the summary's last use, so that its memory is free for what follows)."""
         self._compress_gaps()
         if not self._gap_values:
             return np.zeros(0), np.zeros(0, np.int64)
         v = np.concatenate(self._gap_values)
         c = np.concatenate(self._gap_counts)
+        if release:
+            self._gap_values, self._gap_counts = [], []
         order = np.argsort(v, kind="stable")
-        return v[order], c[order]
+        c = c[order]
+        del order
+        v.sort(kind="stable")  # the same values as v[order], in place
+        return v, c

@@ -25,7 +25,8 @@ import pandas as pd
 from simulator.config.sections import SloConfig
 from simulator.metrics.alerts import evaluate, resolve_rules, summarize_alerts
 from simulator.metrics.recorder import MetricsRecorder
-from simulator.metrics.timeseries import StepFunction, gauge, integral, run_window, step_ends, time_weighted
+from simulator.metrics.steps import StepColumns
+from simulator.metrics.timeseries import Iterations, run_window, segment_lengths, weighted_stats, with_initial
 
 SCHEMA_VERSION = 3
 PCTS = (50, 90, 99)
@@ -44,7 +45,10 @@ def resolve_slo(spec: SloConfig | dict[str, Any] | None) -> SloConfig:
 
 # --- statistics ------------------------------------------------------------------------------
 def _stats(x: np.ndarray) -> dict[str, float | None]:
-    x = x[np.isfinite(x)]
+    finite = np.isfinite(x)
+    if not finite.all():
+        x = x[finite]
+    del finite
     if len(x) == 0:
         return {"mean": None, **{f"p{p}": None for p in PCTS}, "max": None}
     out = {"mean": float(x.mean())}
@@ -72,7 +76,13 @@ def histogram(x: np.ndarray) -> dict[str, list[int]]:
         return {"upper_bounds": [], "counts": []}
     top = max(1, int(math.ceil(float(x.max()))))
     bounds = 1 << np.arange(int(math.ceil(math.log2(top))) + 1, dtype=np.int64)
-    counts = np.bincount(np.searchsorted(bounds, x, side="left"), minlength=len(bounds))
+    if x.dtype.kind in "iu" and int(x.min()) >= 0:  # counts by value, then by bucket (exact)
+        per_value = np.bincount(x)
+        bucket = np.searchsorted(bounds, np.arange(len(per_value)), side="left")
+        counts = np.zeros(len(bounds), np.int64)
+        np.add.at(counts, bucket, per_value)
+    else:
+        counts = np.bincount(np.searchsorted(bounds, x, side="left"), minlength=len(bounds))
     return {"upper_bounds": bounds.tolist(), "counts": counts.tolist()}
 
 
@@ -89,18 +99,29 @@ def summarize(recorder: MetricsRecorder, num_arrived: int, *, slo: dict | None =
               alerts: dict | None = None, kv_allocator: str = "paged") -> dict[str, Any]:
     """The run summary (schema_version 2, docs/metrics.md). `slo` and `alerts` are the YAML
     sections (None: the defaults); `kv_allocator` says whether external fragmentation is 0 by
-    construction (paged: any free block is usable) or must come from a recorded column."""
+    construction (paged: any free block is usable) or must come from a recorded column.
+    NOTE: in the order that keeps the peak memory low: the token gaps first (then released),
+    then the tables, then one gauge at a time (_Gauges)."""
+    gv, gc = recorder.token_gaps(release=True)
+    itl = _weighted_stats(gv, gc)
+    del gv, gc
+    busy = recorder.busy_s()
     reqs = recorder.requests_frame()
-    iters = recorder.iterations_frame()
+    iters = recorder.step_columns()
     targets = resolve_slo(slo)
     rules = resolve_rules(alerts)
     done = reqs[reqs.status == "finished"]
     rejected = reqs[reqs.status == "rejected"]
     t0, t1 = run_window(reqs, iters)
     makespan = t1 - t0
-    busy = float(iters.duration_s.sum()) if len(iters) else 0.0
     multi = done[done.output_tokens > 1]
-    gv, gc = recorder.token_gaps()
+    batch = {
+        "num_iterations": int(len(iters)),
+        "num_seqs": _batch_stats(iters["num_seqs"] if len(iters) else np.zeros(0)),
+        "num_tokens": _batch_stats(iters["num_tokens"] if len(iters) else np.zeros(0)),
+        "max_running": int(iters["num_running"].max()) if len(iters) else 0,
+    }
+    gauges = _Gauges(iters, t0, t1)
 
     def rate(x: float) -> float:
         return x / makespan if makespan > 0 else 0.0
@@ -137,7 +158,7 @@ def summarize(recorder: MetricsRecorder, num_arrived: int, *, slo: dict | None =
         "latency_s": {
             "ttft": _stats(ttft),
             "tpot": _stats(((multi.finish_s - multi.first_token_s) / (multi.output_tokens - 1)).to_numpy()),
-            "itl": _weighted_stats(gv, gc),
+            "itl": itl,
             "e2e": _stats((done.finish_s - done.arrival_s).to_numpy()),
             "queue": _stats((done.first_scheduled_s - done.arrival_s).to_numpy()),
         },
@@ -148,16 +169,11 @@ def summarize(recorder: MetricsRecorder, num_arrived: int, *, slo: dict | None =
             "share": _ratio(num_met, num_arrived),
             "goodput_requests_per_s": rate(num_met),
         },
-        "kv_cache": _kv_section(recorder.total_slots, iters, t0, t1),
+        "kv_cache": _kv_section(recorder.total_slots, gauges),
         "prefix_cache": _prefix_section(iters, done),
-        "fragmentation": _fragmentation_section(recorder.total_slots, iters, t0, t1, kv_allocator),
-        "batch": {
-            "num_iterations": int(len(iters)),
-            "num_seqs": _batch_stats(iters.num_seqs.to_numpy() if len(iters) else np.zeros(0)),
-            "num_tokens": _batch_stats(iters.num_tokens.to_numpy() if len(iters) else np.zeros(0)),
-            "max_running": int(iters.num_running.max()) if len(iters) else 0,
-        },
-        "queue": _queue_section(iters, t0, t1),
+        "fragmentation": _fragmentation_section(gauges, kv_allocator),
+        "batch": batch,
+        "queue": _queue_section(gauges),
         "preemptions": {
             "total": total_preempt,
             "per_s": rate(float(total_preempt)),
@@ -193,59 +209,114 @@ def _groups_section(done: pd.DataFrame) -> dict[str, Any] | None:
     return {"key": key, "groups": groups}
 
 
-def _kv_section(total_slots: int, iters: pd.DataFrame, t0: float, t1: float) -> dict[str, Any]:
-    usage = time_weighted(gauge(iters, "kv_usage"), t0, t1)
-    used = time_weighted(gauge(iters, "kv_used_slots"), t0, t1)
+class _Gauges:
+    """The gauges' time weighting over the run window [t0, t1] (timeseries.time_weighted and
+    integral, the same float operations): the pieces' lengths are computed once for all of
+    them, each gauge's values are made when asked for and dropped after, and only the gauges
+    whose p95 is reported are sorted."""
+
+    def __init__(self, steps: StepColumns, t0: float, t1: float) -> None:
+        self.steps = steps
+        self.w = segment_lengths(steps.ends, t0, t1)
+        self.total = float(self.w.sum())
+
+    def values(self, column: str) -> np.ndarray:
+        coded = self.steps.sort_key(column)
+        if coded is None:
+            return with_initial(self.steps[column])
+        codes, table = coded
+        v = np.empty(len(codes) + 1)
+        v[0] = 0.0
+        np.take(table, codes, out=v[1:])
+        return v
+
+    def stats(self, v: np.ndarray, key: np.ndarray | None = None, *,
+              p95: bool = True) -> dict[str, float | None]:
+        if p95:
+            return weighted_stats(v, self.w, self.total, key)
+        top = float(v.max())
+        if self.total <= 0:
+            return {"mean": None, "p95": None, "max": top}
+        return {"mean": float(v @ self.w / self.total), "p95": None, "max": top}
+
+    def integral(self, v: np.ndarray) -> float:
+        return float(v @ self.w)
+
+    def key(self, column: str) -> np.ndarray | None:
+        """The sort key of [0, column...]: the values themselves for an integer gauge, codes
+        that order as the values for a coded one (2 c + 1 for code c, the initial 0 between
+        or on them), None for other floats."""
+        coded = self.steps.sort_key(column)
+        if coded is not None:
+            codes, table = coded
+            pos = int(np.searchsorted(table, 0.0, side="left"))
+            on = pos < len(table) and table[pos] == 0.0
+            key = np.empty(len(codes) + 1, np.uint16 if len(table) < 1 << 15 else np.int32)
+            key[0] = 2 * pos + (1 if on else 0)
+            np.multiply(codes, 2, out=key[1:], casting="unsafe")
+            key[1:] += 1
+            return key
+        col = self.steps[column]
+        if col.dtype.kind not in "iu":
+            return None
+        key = np.empty(len(col) + 1, col.dtype)
+        key[0] = 0
+        key[1:] = col
+        return key
+
+
+def _kv_section(total_slots: int, gauges: _Gauges) -> dict[str, Any]:
+    usage = gauges.stats(gauges.values("kv_usage"), gauges.key("kv_usage"))
+    used = gauges.stats(gauges.values("kv_used_slots"), p95=False)
     return {"total_slots": int(total_slots), "usage_mean": usage["mean"], "usage_p95": usage["p95"],
             "usage_max": usage["max"], "used_slots_mean": used["mean"]}
 
 
-def _prefix_section(iters: pd.DataFrame, done: pd.DataFrame) -> dict[str, Any]:
+def _prefix_section(iters: Iterations, done: pd.DataFrame) -> dict[str, Any]:
     """vLLM's counters (every lookup, retries of a request that did not fit included) and the
     per-request view: tokens found when each finished request was first admitted."""
     if "prefix_cache_queries" not in iters or "prefix_cache_hits" not in iters:
         return {"queries": None, "hits": None, "hit_rate": None, "request_hit_rate": None,
                 "prefill_tokens_saved": None}
-    q = int(iters.prefix_cache_queries.sum())
-    h = int(iters.prefix_cache_hits.sum())
+    q = int(iters["prefix_cache_queries"].astype(np.int64).sum())
+    h = int(iters["prefix_cache_hits"].astype(np.int64).sum())
     saved = int(done.num_cached_tokens.clip(lower=0).sum())
     return {"queries": q, "hits": h, "hit_rate": _ratio(h, q),
             "request_hit_rate": _ratio(saved, int(done.prompt_tokens.sum())),
             "prefill_tokens_saved": saved}
 
 
-def _fragmentation_section(total_slots: int, iters: pd.DataFrame, t0: float, t1: float,
-                           kv_allocator: str) -> dict[str, Any]:
-    ends = step_ends(iters)
-    if len(iters):
-        internal = StepFunction(ends, (iters.kv_used_slots - iters.kv_tokens_stored).to_numpy(np.float64))
-    else:
-        internal = StepFunction(ends, np.zeros(0))
-    if "kv_external_frag_slots" in iters:
-        external: StepFunction | None = gauge(iters, "kv_external_frag_slots")
+def _fragmentation_section(gauges: _Gauges, kv_allocator: str) -> dict[str, Any]:
+    steps = gauges.steps
+    used_int = gauges.integral(gauges.values("kv_used_slots"))
+    stored_int = gauges.integral(gauges.values("kv_tokens_stored"))
+    internal = with_initial(steps["kv_used_slots"].astype(np.int64) - steps["kv_tokens_stored"])
+    internal_int = gauges.integral(internal)
+    tw = gauges.stats(internal, p95=False)
+    del internal
+    if "kv_external_frag_slots" in steps:
+        external: np.ndarray | None = gauges.values("kv_external_frag_slots")
     elif kv_allocator == "paged":
-        external = StepFunction(ends, np.zeros(len(ends)))  # every free block is usable
+        external = np.zeros(len(steps) + 1)  # every free block is usable
     else:
         external = None
-    used_int = integral(gauge(iters, "kv_used_slots"), t0, t1)
-    stored_int = integral(gauge(iters, "kv_tokens_stored"), t0, t1)
-    internal_int = integral(internal, t0, t1)
-    ext_int = integral(external, t0, t1) if external is not None else None
-    tw = time_weighted(internal, t0, t1)
+    ext_int = gauges.integral(external) if external is not None else None
+    ext_mean = gauges.stats(external, p95=False)["mean"] if external is not None else None
+    del external
     return {
         "internal_slots_mean": tw["mean"],
         "internal_slots_max": tw["max"],
         "internal_share_of_allocated": _ratio(internal_int, used_int),
-        "external_slots_mean": time_weighted(external, t0, t1)["mean"] if external is not None else None,
+        "external_slots_mean": ext_mean,
         "token_state_share": (_ratio(stored_int, used_int + ext_int) if ext_int is not None
                               else None),
         "token_state_share_of_allocated": _ratio(stored_int, used_int),
     }
 
 
-def _queue_section(iters: pd.DataFrame, t0: float, t1: float) -> dict[str, Any]:
-    pending = time_weighted(gauge(iters, "num_waiting"), t0, t1)
-    running = time_weighted(gauge(iters, "num_running"), t0, t1)
+def _queue_section(gauges: _Gauges) -> dict[str, Any]:
+    pending = gauges.stats(gauges.values("num_waiting"), gauges.key("num_waiting"))
+    running = gauges.stats(gauges.values("num_running"), p95=False)
     return {"pending_mean": pending["mean"], "pending_p95": pending["p95"],
             "pending_max": pending["max"], "running_mean": running["mean"]}
 
@@ -338,22 +409,27 @@ def aggregate_seeds(seeds: list[int], summaries: list[dict[str, Any]]) -> dict[s
 MONITORING_FILES = ("timeseries.parquet", "openmetrics.txt", "alerts.json")
 
 
-def write_monitoring(out_dir, requests: pd.DataFrame, iterations: pd.DataFrame, *,
-                     alerts: dict | None = None, interval_s: float = 1.0,
+def write_monitoring(out_dir, requests: pd.DataFrame, iterations: Iterations, *,
+                     alerts: dict | None = None, interval_s: float | None = None,
                      labels: dict[str, str] | None = None) -> None:
     """Write MONITORING_FILES: the sampled gauges/counters (vLLM names), the same as
-    OpenMetrics text, and every alert firing with the resolved rules."""
+    OpenMetrics text, and every alert firing with the resolved rules. `interval_s` None:
+    timeseries.auto_interval of the run's length (1 s up to AUTO_MAX_SAMPLES samples)."""
     import json
     from pathlib import Path
 
     from simulator.metrics.alerts import alerts_document
-    from simulator.metrics.timeseries import build_timeseries, write_openmetrics
+    from simulator.metrics.steps import as_steps
+    from simulator.metrics.timeseries import auto_interval, build_timeseries, write_openmetrics
 
     out = Path(out_dir)
+    steps = as_steps(iterations)
+    if interval_s is None:
+        interval_s = auto_interval(run_window(requests, steps)[1])
     rules = resolve_rules(alerts)
-    build_timeseries(requests, iterations, interval_s).to_parquet(out / "timeseries.parquet", index=False)
-    write_openmetrics(out / "openmetrics.txt", requests, iterations, interval_s=interval_s,
+    build_timeseries(requests, steps, interval_s).to_parquet(out / "timeseries.parquet", index=False)
+    write_openmetrics(out / "openmetrics.txt", requests, steps, interval_s=interval_s,
                       labels=labels)
-    doc = alerts_document(rules, evaluate(rules, requests, iterations))
+    doc = alerts_document(rules, evaluate(rules, requests, steps))
     doc["interval_s"] = interval_s
     (out / "alerts.json").write_text(json.dumps(clean_floats(doc), indent=2, sort_keys=True) + "\n")

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.errors import ConfigError
+from simulator.metrics.steps import StepColumns, as_steps
 
 # vLLM's histogram buckets (vllm/v1/metrics/loggers.py); kept verbatim so that dashboards built
 # for vLLM (histogram_quantile over these buckets) read simulated runs the same way.
@@ -58,14 +59,15 @@ class StepFunction:
         return edges[:-1], np.diff(edges), values
 
 
-def step_ends(iterations: pd.DataFrame) -> np.ndarray:
+Iterations = pd.DataFrame | StepColumns  # an iterations table, or its compact columns (steps.py)
+
+
+def step_ends(iterations: Iterations) -> np.ndarray:
     """End time of every engine step: when its gauges update and its counters advance."""
-    if not len(iterations):
-        return np.zeros(0)
-    return (iterations.start_s + iterations.duration_s).to_numpy(np.float64)
+    return as_steps(iterations).ends
 
 
-def run_window(requests: pd.DataFrame, iterations: pd.DataFrame) -> tuple[float, float]:
+def run_window(requests: pd.DataFrame, iterations: Iterations) -> tuple[float, float]:
     """[first arrival, max(last step end, last arrival)]: the span every rate and time-weighted
     mean is taken over (the last step end is also the last finish)."""
     if not len(requests):
@@ -79,48 +81,159 @@ def run_window(requests: pd.DataFrame, iterations: pd.DataFrame) -> tuple[float,
     return t0, t1
 
 
-def gauge(iterations: pd.DataFrame, column: str) -> StepFunction:
-    return StepFunction(step_ends(iterations), iterations[column].to_numpy(np.float64))
+def gauge(iterations: Iterations, column: str) -> StepFunction:
+    steps = as_steps(iterations)
+    return StepFunction(steps.ends, steps.f64(column))
 
 
 def time_weighted(fn: StepFunction, t0: float, t1: float) -> dict[str, float | None]:
     """Time-weighted mean and p95 over [t0, t1] (p95: the smallest value the gauge is at or
     below for >= 95 % of the time), and the largest value ever recorded (max)."""
-    _, w, v = fn.segments(t0, t1)
-    total = float(w.sum())
-    recorded = np.concatenate([[fn.initial], fn.values]) if len(fn.values) else np.array([fn.initial])
+    w = segment_lengths(fn.times, t0, t1)
+    return weighted_stats(with_initial(fn.values, fn.initial), w, float(w.sum()))
+
+
+def segment_lengths(times: np.ndarray, t0: float, t1: float) -> np.ndarray:
+    """StepFunction.segments' lengths (one array, no temporaries of the same size)."""
+    edges = np.empty(len(times) + 2)
+    edges[0], edges[-1] = t0, t1
+    np.clip(times, t0, t1, out=edges[1:-1])
+    return np.diff(edges)
+
+
+def with_initial(values: np.ndarray, initial: float = 0.0) -> np.ndarray:
+    """[initial, *values] as float64 (StepFunction.segments' values), one allocation."""
+    v = np.empty(len(values) + 1)
+    v[0] = initial
+    v[1:] = values
+    return v
+
+
+_ORDER_CHUNK = 1 << 20
+
+
+def weighted_stats(v: np.ndarray, w: np.ndarray, total: float,
+                   key: np.ndarray | None = None) -> dict[str, float | None]:
+    """time_weighted over the pieces (values v, lengths w, total = float(w.sum())). The p95 is
+    the value where the weights, cumulated in the stable order of v, reach 95 %: the cumulative
+    sum runs chunk by chunk (each continuing the last exactly, as one np.cumsum would), and
+    `key`, when given, is an integer array ordered as v (a radix sort for small ranges)."""
+    top = float(v.max())
     if total <= 0:
-        return {"mean": None, "p95": None, "max": float(recorded.max())}
-    order = np.argsort(v, kind="stable")
-    cum = np.cumsum(w[order])
-    p95 = float(v[order][min(int(np.searchsorted(cum, 0.95 * total, side="left")), len(v) - 1)])
-    return {"mean": float(v @ w / total), "p95": p95, "max": float(recorded.max())}
+        return {"mean": None, "p95": None, "max": top}
+    target = 0.95 * total
+    if key is not None and key.dtype.kind in "iu" and len(key) and 0 <= int(key.min()) \
+            and int(key.max()) < 1 << 16:
+        pos = _p95_by_code_ranges(w, key, target)
+    else:
+        order = stable_order(v if key is None else key)
+        pos = None
+        carry = np.zeros(1)
+        for lo in range(0, len(v), _ORDER_CHUNK):
+            cum = np.cumsum(np.concatenate([carry, w[order[lo:lo + _ORDER_CHUNK]]]))[1:]
+            if cum[-1] >= target:
+                pos = int(order[lo + int(np.searchsorted(cum, target, side="left"))])
+                break
+            carry[0] = cum[-1]
+        if pos is None:  # never reached (rounding): the last piece in the order
+            pos = int(order[-1])
+        del order
+    return {"mean": float(v @ w / total), "p95": float(v[pos]), "max": top}
+
+
+def _p95_by_code_ranges(w: np.ndarray, key: np.ndarray, target: float) -> int:
+    """The piece where w, cumulated in the stable order of `key` (codes 0 .. 2^16 - 1), first
+    reaches target, without a whole-array order: the codes are cut into ranges of at most
+    ~1/8 of the pieces (a code above that is a range of its own), and each range's pieces are
+    visited in the stable order (by code, then position), the cumulative sum continuing
+    exactly from one range to the next. A range of one code is visited by blocks of positions."""
+    n = len(key)
+    counts = np.bincount(key)
+    limit = max(n // 8, 1)
+    ranges: list[tuple[int, int]] = []
+    lo = 0
+    acc = 0
+    for code in np.flatnonzero(counts).tolist():
+        c = int(counts[code])
+        if acc and (acc + c > limit or c > limit):
+            ranges.append((lo, code))
+            lo, acc = code, 0
+        acc += c
+        if c > limit:
+            ranges.append((lo, code + 1))
+            lo, acc = code + 1, 0
+    if acc:
+        ranges.append((lo, len(counts)))
+    carry = np.zeros(1)
+    last = -1
+    for a, b in ranges:
+        if b - a == 1:  # one code: its pieces in position order, a block at a time
+            for s in range(0, n, _ORDER_CHUNK):
+                sel = np.flatnonzero(key[s:s + _ORDER_CHUNK] == a)
+                if not len(sel):
+                    continue
+                cum = np.cumsum(np.concatenate([carry, w[s:s + _ORDER_CHUNK][sel]]))[1:]
+                if cum[-1] >= target:
+                    return s + int(sel[np.searchsorted(cum, target, side="left")])
+                carry[0] = cum[-1]
+                last = s + int(sel[-1])
+            continue
+        sel = np.flatnonzero((key >= a) & (key < b))
+        sel = sel[np.argsort(key[sel], kind="stable")]
+        cum = np.cumsum(np.concatenate([carry, w[sel]]))[1:]
+        if cum[-1] >= target:
+            return int(sel[np.searchsorted(cum, target, side="left")])
+        carry[0] = cum[-1]
+        last = int(sel[-1])
+    return last
+
+
+def stable_order(x: np.ndarray) -> np.ndarray:
+    """np.argsort(x, kind="stable"); integer keys with a range under 2^16 as uint16 (a radix
+    sort, the same order)."""
+    if x.dtype.kind in "iu" and len(x):
+        lo, hi = int(x.min()), int(x.max())
+        if hi - lo < 1 << 16:
+            return np.argsort((x - lo).astype(np.uint16), kind="stable")
+    return np.argsort(x, kind="stable")
 
 
 def integral(fn: StepFunction, t0: float, t1: float) -> float:
-    _, w, v = fn.segments(t0, t1)
-    return float(v @ w)
+    return float(with_initial(fn.values, fn.initial) @ segment_lengths(fn.times, t0, t1))
 
 
 # --- counters ----------------------------------------------------------------------------------
 def _counter(times: np.ndarray, increments: np.ndarray, grid: np.ndarray) -> np.ndarray:
-    order = np.argsort(times, kind="stable")
-    cum = np.concatenate([[0.0], np.cumsum(increments[order], dtype=np.float64)])
-    return cum[np.searchsorted(times[order], grid, side="right")]
+    """The running total of `increments` (any numeric or bool dtype: summed as float64 in time
+    order, one after the other) at each grid time."""
+    if len(times) > 1 and not (times[1:] >= times[:-1]).all():  # step ends are sorted already
+        order = np.argsort(times, kind="stable")
+        times, increments = times[order], increments[order]
+    cum = np.zeros(len(increments) + 1)
+    np.cumsum(increments, dtype=np.float64, out=cum[1:])
+    return cum[np.searchsorted(times, grid, side="right")]
 
 
-def generation_token_events(requests: pd.DataFrame, iterations: pd.DataFrame) -> tuple[np.ndarray,
-                                                                                      np.ndarray]:
+def _count(times: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """_counter(times, ones, grid): a float running count of ones is the count itself."""
+    if len(times) > 1 and not (times[1:] >= times[:-1]).all():
+        times = np.sort(times, kind="stable")
+    return np.searchsorted(times, grid, side="right").astype(np.float64)
+
+
+def generation_token_events(requests: pd.DataFrame, iterations: Iterations) -> tuple[np.ndarray,
+                                                                                   np.ndarray]:
     """(times, counts) of sampled output tokens. Exact with a `num_sampled` iteration column;
     without it, decode tokens + first tokens per step, which misses the token a preempted
     request samples when its recompute finishes (docs/metrics.md)."""
-    ends = step_ends(iterations)
-    if "num_sampled" in iterations:
-        return ends, iterations.num_sampled.to_numpy(np.float64)
+    steps = as_steps(iterations)
+    ends = steps.ends
+    if "num_sampled" in steps:
+        return ends, steps.f64("num_sampled")
     first = requests.first_token_s.to_numpy(np.float64)
     first = first[np.isfinite(first)]
     return (np.concatenate([ends, first]),
-            np.concatenate([iterations.decode_tokens.to_numpy(np.float64), np.ones(len(first))]))
+            np.concatenate([steps.f64("decode_tokens"), np.ones(len(first))]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +276,23 @@ def grid(t1: float, interval_s: float) -> np.ndarray:
     return np.arange(n + 1, dtype=np.float64) * interval_s
 
 
+AUTO_MAX_SAMPLES = 20_000  # grid points of an automatic interval (5.5 h of a run at 1 s)
+_NICE = (1, 2, 5)
+
+
+def auto_interval(t1: float) -> float:
+    """The sampling interval that suits a run ending at t1: 1 s when that gives at most
+    AUTO_MAX_SAMPLES samples, else the smallest 1-2-5 multiple of 1 s that does (a 200-hour
+    run samples every 50 s): the time series and the OpenMetrics text stay a few MB."""
+    scale = 1
+    while True:
+        for nice in _NICE:
+            dt = float(nice * scale)
+            if t1 / dt <= AUTO_MAX_SAMPLES:
+                return dt
+        scale *= 10
+
+
 def check_interval(interval_s: float) -> None:
     if (isinstance(interval_s, bool) or not isinstance(interval_s, (int, float))
             or not math.isfinite(interval_s) or interval_s < 0.001):
@@ -170,25 +300,28 @@ def check_interval(interval_s: float) -> None:
                           f"milliseconds), got {interval_s!r}")
 
 
-def _counter_events(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict[str, tuple]:
-    ends = step_ends(iterations)
+def _counter_events(requests: pd.DataFrame, iterations: StepColumns) -> dict[str, tuple]:
+    """(times, increments) per counter; per-step increments are the compact columns as they
+    are (views: _counter sums them as float64)."""
+    ends = iterations.ends
     done = requests[requests.status == "finished"]
     started = requests[np.isfinite(requests.first_token_s)]
     events = {
-        "vllm:num_preemptions": (ends, iterations.num_preempted.to_numpy(np.float64)),
+        "vllm:num_preemptions": (ends, iterations["num_preempted"]),
         "vllm:prompt_tokens": (started.first_token_s.to_numpy(np.float64),
                                started.prompt_tokens.to_numpy(np.float64)),
-        "vllm:generation_tokens": generation_token_events(requests, iterations),
+        "vllm:generation_tokens": ((ends, iterations["num_sampled"]) if "num_sampled" in iterations
+                                   else generation_token_events(requests, iterations)),
         "vllm:request_success": (done.finish_s.to_numpy(np.float64), np.ones(len(done))),
     }
     for name, col in (("vllm:prefix_cache_queries", "prefix_cache_queries"),
                       ("vllm:prefix_cache_hits", "prefix_cache_hits")):
         if col in iterations:
-            events[name] = (ends, iterations[col].to_numpy(np.float64))
+            events[name] = (ends, iterations[col])
     return events
 
 
-def _histogram_observations(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict[str, tuple]:
+def _histogram_observations(requests: pd.DataFrame, iterations: StepColumns) -> dict[str, tuple]:
     """(times, values) observed per histogram, at the moment vLLM observes them: TTFT at the
     first token, E2E and queue time when the request finishes, tokens per step at its end."""
     done = requests[requests.status == "finished"]
@@ -202,15 +335,15 @@ def _histogram_observations(requests: pd.DataFrame, iterations: pd.DataFrame) ->
         "vllm:request_queue_time_seconds": (
             done.finish_s.to_numpy(np.float64),
             (done.first_scheduled_s - done.arrival_s).to_numpy(np.float64)),
-        "vllm:iteration_tokens_total": (step_ends(iterations),
-                                        iterations.num_tokens.to_numpy(np.float64)),
+        "vllm:iteration_tokens_total": (iterations.ends, iterations["num_tokens"]),
     }
 
 
-def build_timeseries(requests: pd.DataFrame, iterations: pd.DataFrame,
+def build_timeseries(requests: pd.DataFrame, iterations: Iterations,
                      interval_s: float = 1.0) -> pd.DataFrame:
     """One row per sample time: `time_s`, each gauge and each counter (vLLM names; counters as
     their `_total` sample), histogram `_count`/`_sum`. Counters without data are left out."""
+    iterations = as_steps(iterations)
     _, t1 = run_window(requests, iterations)
     g = grid(t1, interval_s)
     cols: dict[str, np.ndarray] = {"time_s": g}
@@ -219,7 +352,7 @@ def build_timeseries(requests: pd.DataFrame, iterations: pd.DataFrame,
     for name, (times, inc) in _counter_events(requests, iterations).items():
         cols[f"{name}_total"] = _counter(times, inc, g)
     for name, (times, values) in _histogram_observations(requests, iterations).items():
-        cols[f"{name}_count"] = _counter(times, np.ones(len(values)), g)
+        cols[f"{name}_count"] = _count(times, g)
         cols[f"{name}_sum"] = _counter(times, values, g)
     return pd.DataFrame(cols)
 
@@ -233,6 +366,15 @@ def _num(v: float) -> str:
     return repr(f)
 
 
+def _nums(values: np.ndarray) -> list[str]:
+    """_num of every value (integers converted as one array, the rest one by one)."""
+    vals = np.asarray(values, dtype=np.float64)
+    whole = (vals == np.floor(vals)) & (np.abs(vals) < 2**53)
+    if whole.all():
+        return list(map(str, vals.astype(np.int64).tolist()))
+    return [str(int(f)) if w else repr(f) for f, w in zip(vals.tolist(), whole.tolist())]
+
+
 def _le(b: float) -> str:
     f = float(b)
     return f"{f:.1f}" if f == int(f) else repr(f)
@@ -242,7 +384,7 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
 
 
-def to_openmetrics(requests: pd.DataFrame, iterations: pd.DataFrame, *, interval_s: float = 1.0,
+def to_openmetrics(requests: pd.DataFrame, iterations: Iterations, *, interval_s: float = 1.0,
                    labels: dict[str, str] | None = None, start_unix_s: float = 0.0) -> str:
     """OpenMetrics text with one sample per series per grid time, timestamped
     `start_unix_s + t` (simulated seconds; 0 = the Unix epoch keeps files deterministic).
@@ -254,7 +396,7 @@ def to_openmetrics(requests: pd.DataFrame, iterations: pd.DataFrame, *, interval
                                       start_unix_s=start_unix_s))
 
 
-def write_openmetrics(path: str | Path, requests: pd.DataFrame, iterations: pd.DataFrame, *,
+def write_openmetrics(path: str | Path, requests: pd.DataFrame, iterations: Iterations, *,
                       interval_s: float = 1.0, labels: dict[str, str] | None = None,
                       start_unix_s: float = 0.0) -> None:
     """to_openmetrics written to `path` chunk by chunk (never the whole text in memory)."""
@@ -268,23 +410,27 @@ def write_openmetrics(path: str | Path, requests: pd.DataFrame, iterations: pd.D
 _CHUNK_SAMPLES = 4096  # grid points per text chunk
 
 
-def openmetrics_chunks(requests: pd.DataFrame, iterations: pd.DataFrame, *, interval_s: float = 1.0,
+def openmetrics_chunks(requests: pd.DataFrame, iterations: Iterations, *, interval_s: float = 1.0,
                        labels: dict[str, str] | None = None, start_unix_s: float = 0.0):
     """The text of to_openmetrics as a sequence of chunks (each whole lines ending in a newline):
     the sampled values are arrays over the grid; the text is made a few thousand grid points
     at a time."""
+    iterations = as_steps(iterations)
     _, t1 = run_window(requests, iterations)
     g = grid(t1, interval_s)
     lab = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted((labels or {}).items()))
     sel = "{" + lab + "}" if lab else ""
 
+    all_stamps = [f"{start_unix_s + t:.3f}\n" for t in g.tolist()]  # every series' timestamps
+
     def stamps(lo: int, hi: int) -> list[str]:
-        return [f"{start_unix_s + t:.3f}" for t in g[lo:hi]]
+        return all_stamps[lo:hi]
 
     def series(prefix: str, vals: np.ndarray):
+        head = prefix + " "
         for lo in range(0, len(g), _CHUNK_SAMPLES):
             hi = lo + _CHUNK_SAMPLES
-            yield "".join(f"{prefix} {_num(v)} {t}\n" for v, t in zip(vals[lo:hi], stamps(lo, hi)))
+            yield "".join([head + v + " " + t for v, t in zip(_nums(vals[lo:hi]), stamps(lo, hi))])
     for name, (col, help_) in GAUGES.items():
         yield f"# HELP {name} {help_}\n# TYPE {name} gauge\n"
         yield from series(f"{name}{sel}", gauge(iterations, col).at(g))
@@ -299,15 +445,19 @@ def openmetrics_chunks(requests: pd.DataFrame, iterations: pd.DataFrame, *, inte
             head += f"# UNIT {name} seconds\n"
         yield head
         les = [_le(b) for b in buckets] + ["+Inf"]
-        counts = [_counter(times, (values <= b).astype(np.float64), g) for b in buckets]
-        counts.append(_counter(times, np.ones(len(values)), g))
+        counts = [_counter(times, values <= b, g) for b in buckets]
+        counts.append(_count(times, g))
         sums = _counter(times, values, g)
+        heads = [f'{name}_bucket{{{pre}le="{le}"}} ' for le in les]
+        count_head, sum_head = f"{name}_count{sel} ", f"{name}_sum{sel} "
         for lo in range(0, len(g), _CHUNK_SAMPLES):
+            hi = lo + _CHUNK_SAMPLES
+            texts = [_nums(c[lo:hi]) for c in counts]
+            sum_texts = _nums(sums[lo:hi])
             out: list[str] = []
-            for k, t in enumerate(stamps(lo, lo + _CHUNK_SAMPLES), start=lo):
-                out += [f'{name}_bucket{{{pre}le="{le}"}} {_num(c[k])} {t}\n' for le, c in zip(les, counts)]
-                out += [f"{name}_count{sel} {_num(counts[-1][k])} {t}\n",
-                        f"{name}_sum{sel} {_num(sums[k])} {t}\n"]
+            for k, t in enumerate(stamps(lo, hi)):
+                out += [h + x[k] + " " + t for h, x in zip(heads, texts)]
+                out += [count_head + texts[-1][k] + " " + t, sum_head + sum_texts[k] + " " + t]
             yield "".join(out)
     yield "# EOF\n"
 
