@@ -58,6 +58,7 @@ class _InFlight:
     reqs: list[Request]
     reach: np.ndarray
     version: int
+    ids: np.ndarray  # req_id of every running request then (slot order)
 
 
 class Scheduler:
@@ -396,19 +397,34 @@ class Scheduler:
         reach = c + n
         scheduled = n > 0
         sampled = scheduled & (reach >= rb.tokens[:m])
-        decodes = int(np.count_nonzero(sampled & (n == 1) & (rb.num_out[:m] > 0)))
         t = int(n.sum())
+        num_sampled = int(np.count_nonzero(sampled))
+        w = self.window_tokens
+        if t == num_sampled == m:
+            # every request samples and the m tokens are one each (n == 1 everywhere): the
+            # general sums below in fewer numpy calls (n @ c = sum c, n @ (n + 1) = 2 m)
+            decodes = int(np.count_nonzero(rb.num_out[:m]))
+            num_seqs = m
+            c_sum = int(c.sum())
+            attn_pairs = float(c_sum) + float(2 * m) / 2.0
+            kv_tokens = c_sum + m
+            window = int(np.minimum(reach, w).sum()) if w else -1
+        else:
+            decodes = int(np.count_nonzero(sampled & (n == 1) & (rb.num_out[:m] > 0)))
+            num_seqs = int(np.count_nonzero(scheduled))
+            attn_pairs = float(n @ c) + float(n @ (n + 1)) / 2.0
+            kv_tokens = int(reach @ scheduled)
+            window = int(np.minimum(reach, w) @ scheduled) if w else -1
         self._pure = (decodes == m == t and not preempted and not num_admitted
                       and not self.step_swap_s)
-        num_seqs = int(np.count_nonzero(scheduled))
         shape = StepShape(
             num_tokens=t,
-            num_sampled=int(np.count_nonzero(sampled)),
-            attn_pairs=float(n @ c) + float(n @ (n + 1)) / 2.0,
-            kv_tokens=int(reach @ scheduled),
+            num_sampled=num_sampled,
+            attn_pairs=attn_pairs,
+            kv_tokens=kv_tokens,
             num_seqs=num_seqs,
             num_prefill_tokens=t - decodes,
-            window_kv_tokens=int(np.minimum(reach, w) @ scheduled) if (w := self.window_tokens) else -1,
+            window_kv_tokens=window,
         )
         if self.async_scheduling:
             self._launch(scheduled, sampled, reach)
@@ -434,7 +450,7 @@ class Scheduler:
         idx = np.flatnonzero(sampled)
         # the running list as it is now (a C-level copy): the samplers are reqs[idx] should the
         # batch change before the commit
-        self._inflight.append(_InFlight(idx, list(rb.reqs), reach[idx], rb.version))
+        self._inflight.append(_InFlight(idx, list(rb.reqs), reach[idx], rb.version, rb.ids[:m].copy()))
 
     def commit(self, now: float) -> list[Request]:
         """Apply the step that just ran: advance tokens, sample, finish. Returns finished."""
@@ -490,18 +506,23 @@ class Scheduler:
         stale: list[Request] = []
         idx = fl.idx
         if fl.version != rb.version and len(idx):  # 1.
-            slot = {r.req_id: i for i, r in enumerate(rb.reqs)}
-            found, now_at = [], []
-            for j, i0 in enumerate(idx.tolist()):
-                req = fl.reqs[i0]
-                i = slot.get(req.req_id)
-                if i is None:
-                    stale.append(req)
-                else:
-                    found.append(j)
-                    now_at.append(i)
-            fl_reach = fl.reach[found]
-            idx = np.array(now_at, np.int64)
+            # by req_id over numpy (no Python loop over the batch): their slots now, in the
+            # step's sampler order; ids no longer running are stale
+            m = rb.m
+            old = fl.ids[idx]
+            if m:
+                cur = rb.ids[:m]
+                sorter = np.argsort(cur)
+                at = sorter[np.minimum(np.searchsorted(cur, old, sorter=sorter), m - 1)]
+                hit = cur[at] == old
+            else:
+                at = idx
+                hit = np.zeros(len(idx), bool)
+            if not hit.all():
+                reqs = fl.reqs
+                stale = [reqs[i] for i in idx[~hit].tolist()]
+            fl_reach = fl.reach[hit]
+            idx = at[hit]
         else:
             fl_reach = fl.reach
         finished: list[Request] = []
