@@ -98,6 +98,10 @@ class Scheduler:
         # (nothing admitted, preempted, swapped or finished) and nothing arrived since
         self._pure = False  # the step just scheduled is a pure decode of every running request
         self._quiet = False  # ... and it committed with no finish and no arrival during it
+        # (end, next arrival) of the last decode run when that arrival cut it: a run asked for at
+        # that end with the same arrival ahead would find its first step ending past it, so it
+        # is not tried (None is always exact: the loop is the reference; this saves step_times)
+        self._cut_at: tuple[float, float] | None = None
         # P/D (engine/disagg.py): a prefill replica keeps a finished request's blocks for the
         # KV transfer (vLLM's connector request_finished -> delay_free_blocks); disagg frees them
         self.delay_free_blocks = False
@@ -614,7 +618,7 @@ class Scheduler:
             return self._decode_run_async(now, until_s, step_times, max_steps, inflight_s)
         rb = self.running
         m = rb.m
-        if not m:
+        if not m or self._cut_at == (now, until_s):
             return None
         if not self._quiet:
             # an empty queue admits nobody whatever the free blocks: a batch of decodes only
@@ -657,7 +661,10 @@ class Scheduler:
         starts[0] = now
         starts[1:] = durations
         np.cumsum(starts, out=starts)
-        k = min(k, int(np.searchsorted(starts[1:], until_s, side="left")))
+        k_arr = int(np.searchsorted(starts[1:], until_s, side="left"))
+        if k_arr < k:
+            k = k_arr
+            self._cut_at = (float(starts[k]), until_s)
         if k < 1:
             return None
         delay = exact_delay(now, float(starts[k]))
@@ -724,7 +731,7 @@ class Scheduler:
         5. apply as decode_run; the tokens of step X+j-1 reach the client at T_j."""
         rb = self.running
         m = rb.m
-        if not m or not self._quiet or inflight_s is None:  # 1.
+        if not m or not self._quiet or inflight_s is None or self._cut_at == (now, until_s):  # 1.
             return None
         kv = self.kv
         room = kv.decode_room()
@@ -759,7 +766,10 @@ class Scheduler:
         starts[1] = inflight_s
         starts[2:] = d_next[:k - 1]
         np.cumsum(starts, out=starts)
-        k = min(k, int(np.searchsorted(starts[1:], until_s, side="left")))
+        k_arr = int(np.searchsorted(starts[1:], until_s, side="left"))
+        if k_arr < k:
+            k = k_arr
+            self._cut_at = (float(starts[k]), until_s)
         if k < 1:
             return None
         delay = exact_delay(now, float(starts[k]))
