@@ -75,7 +75,7 @@ class RunningBatch:
 
     def compress(self, keep: np.ndarray) -> None:
         m = len(self.reqs)
-        k = int(keep.sum())
+        k = int(np.count_nonzero(keep))
         for col in self._columns():
             col[:k] = col[:m][keep]
         self.reqs = [r for r, kept in zip(self.reqs, keep.tolist()) if kept]

@@ -214,9 +214,9 @@ class Scheduler:
             if self.async_scheduling:
                 # vLLM's AsyncScheduler: no extra step for a request whose last token is in flight
                 want[rb.num_out[i:m] >= rb.target_out[i:m]] = 0
-            cum = np.cumsum(want)
+            cum = want.cumsum()
             cum_before = cum - want
-            count = int(np.searchsorted(cum_before, budget, side="left"))  # those with budget left
+            count = int(cum_before.searchsorted(budget, side="left"))  # those with budget left
             n = rb.n[i:i + count]
             n[:] = want[:count]
             if cum[count - 1] > budget:
@@ -238,13 +238,14 @@ class Scheduler:
                     call |= (n > 0) & (cap // bs > rb.hashed[i:i + count] // bs)
                 else:
                     call |= reach // bs > computed // bs
-            needers = np.flatnonzero(call)
+            needers = call.nonzero()[0]
             if len(needers):
-                idx = (needers + i).tolist()
-                tokens = rb.tokens[idx] - rb.ph[idx] if self.async_scheduling else rb.tokens[idx]
+                at = needers + i
+                idx = at.tolist()
+                tokens = rb.tokens[at] - rb.ph[at] if self.async_scheduling else rb.tokens[at]
                 caps = kv.allocate_slots_many([rb.reqs[j] for j in idx], n[needers].tolist(),
                                               computed[needers].tolist(), tokens.tolist())
-                rb.capacity[idx[:len(caps)]] = caps
+                rb.capacity[at[:len(caps)]] = caps
                 if len(caps) < len(idx):  # the manager ran out at request j
                     j = idx[len(caps)]
                     rb.n[j:m] = 0
@@ -451,7 +452,7 @@ class Scheduler:
         rb.tokens[:m] += sampled
         rb.num_out[:m] += sampled
         rb.ph[:m] += sampled
-        idx = np.flatnonzero(sampled)
+        idx = sampled.nonzero()[0]
         # the running list as it is now (a C-level copy): the samplers are reqs[idx] should the
         # batch change before the commit
         self._inflight.append(_InFlight(idx, list(rb.reqs), reach[idx], rb.version, rb.ids[:m].copy()))
@@ -470,17 +471,17 @@ class Scheduler:
         out = rb.num_out[:m]
         last = rb.last_token[:m]
         gaps = sampled & (out > 1)
-        self._gaps = now - last[gaps] if gaps.any() else None
-        for i in np.flatnonzero(sampled & (out == 1)).tolist():
+        self._gaps = now - last[gaps] if np.count_nonzero(gaps) else None
+        for i in (sampled & (out == 1)).nonzero()[0].tolist():
             rb.reqs[i].first_token_s = now
         last[sampled] = now
         done = sampled & (out >= rb.target_out[:m])
         finished: list[Request] = []
         if self.offload is not None:  # before the finished leave the batch: store offers
             self.offload.offer(rb.reqs, rb.computed[:m], n, rb.tokens[:m], rb.num_out[:m],
-                               [rb.reqs[i] for i in np.flatnonzero(done).tolist()], now)
-        if done.any():
-            for i in np.flatnonzero(done).tolist():
+                               [rb.reqs[i] for i in done.nonzero()[0].tolist()], now)
+        if np.count_nonzero(done):
+            for i in done.nonzero()[0].tolist():
                 req = rb.write_back(i)
                 req.finish_s = now
                 req.status = Status.FINISHED
@@ -517,12 +518,12 @@ class Scheduler:
             if m:
                 cur = rb.ids[:m]
                 sorter = np.argsort(cur)
-                at = sorter[np.minimum(np.searchsorted(cur, old, sorter=sorter), m - 1)]
+                at = sorter[np.minimum(cur.searchsorted(old, sorter=sorter), m - 1)]
                 hit = cur[at] == old
             else:
                 at = idx
                 hit = np.zeros(len(idx), bool)
-            if not hit.all():
+            if np.count_nonzero(hit) < len(hit):
                 reqs = fl.reqs
                 stale = [reqs[i] for i in idx[~hit].tolist()]
             fl_reach = fl.reach[hit]
@@ -536,14 +537,14 @@ class Scheduler:
         sel = slice(0, rb.m) if whole else idx  # NOTE: a slice, not fancy indexing (hot path)
 
         def slots(mask: np.ndarray) -> list[int]:
-            return (np.flatnonzero(mask) if whole else idx[mask]).tolist()
+            return (mask.nonzero()[0] if whole else idx[mask]).tolist()
         if len(idx):  # 2.
             ph = rb.ph[sel]
             ph -= 1
             mat = rb.num_out[sel] - ph
             first = mat == 1
             last = rb.last_token[sel]
-            if first.any():
+            if np.count_nonzero(first):
                 gaps = now - last[~first]
                 reqs = rb.reqs
                 for i in slots(first):
@@ -560,14 +561,14 @@ class Scheduler:
             if kv.caches_full_blocks:
                 bs = kv.block_size
                 late = (fl_reach // bs > rb.hashed[sel] // bs) & ~done
-                if late.any():
+                if np.count_nonzero(late):
                     for i, r in zip(slots(late), fl_reach[late].tolist()):
                         kv.allocate_slots(rb.reqs[i], 0, r,
                                           num_tokens=int(rb.tokens[i] - rb.ph[i]))
                         rb.hashed[i] = r
             if not len(gaps):
                 gaps = None
-        if done is not None and done.any():  # 3.
+        if done is not None and np.count_nonzero(done):  # 3.
             keep = np.ones(rb.m, bool)
             for i in slots(done):
                 req = rb.write_back(i)
@@ -624,7 +625,8 @@ class Scheduler:
             # an empty queue admits nobody whatever the free blocks: a batch of decodes only
             # (each one token to compute, the budget holding them all) decodes again
             if (len(self.queue) or self.kv_holding or m > self.max_num_batched_tokens
-                    or not (rb.tokens[:m] - rb.computed[:m] == 1).all() or not rb.num_out[:m].all()):
+                    or np.count_nonzero(rb.tokens[:m] - rb.computed[:m] == 1) < m
+                    or np.count_nonzero(rb.num_out[:m]) < m):
                 return None
         kv = self.kv
         room = kv.decode_room()
@@ -639,8 +641,8 @@ class Scheduler:
         cnt = np.where(j0 < k, (k - j0 + bs - 1) // bs, 0)
         total = int(cnt.sum())
         if total:
-            ev_i = np.repeat(np.arange(m), cnt)
-            ev_j = j0[ev_i] + (np.arange(total) - np.repeat(np.cumsum(cnt) - cnt, cnt)) * bs
+            ev_i = np.arange(m).repeat(cnt)
+            ev_j = j0[ev_i] + (np.arange(total) - (cnt.cumsum() - cnt).repeat(cnt)) * bs
             order = np.lexsort((ev_i, ev_j))
             ev_i, ev_j = ev_i[order], ev_j[order]
             if total > room:
@@ -661,7 +663,7 @@ class Scheduler:
         starts[0] = now
         starts[1:] = durations
         np.cumsum(starts, out=starts)
-        k_arr = int(np.searchsorted(starts[1:], until_s, side="left"))
+        k_arr = int(starts[1:].searchsorted(until_s, side="left"))
         if k_arr < k:
             k = k_arr
             self._cut_at = (float(starts[k]), until_s)
@@ -671,14 +673,14 @@ class Scheduler:
         if delay is None:
             return None
         starts, durations, kv_tokens = starts[:k + 1], durations[:k], kv_tokens[:k]
-        n_ev = int(np.searchsorted(ev_j, k, side="left"))  # 5.
+        n_ev = int(ev_j.searchsorted(k, side="left"))  # 5.
         ev_i, ev_j = ev_i[:n_ev], ev_j[:n_ev]
         stats = kv.stats()
         if n_ev:
             idx = ev_i.tolist()
             reqs = rb.reqs
             kv.take_decode_blocks([reqs[i] for i in idx], starts[ev_j].tolist())
-        taken = np.searchsorted(ev_j, j[:k], side="right")  # blocks taken through each step
+        taken = ev_j.searchsorted(j[:k], side="right")  # blocks taken through each step
         used, usage = kv.decode_gauges(taken)
         cap_sum = int(rb.capacity[:m].sum()) + bs * taken
         stored = used - (cap_sum - (c_sum + m * (j[:k] + 1)))
@@ -688,7 +690,7 @@ class Scheduler:
         rb.tokens[:m] += k
         rb.num_out[:m] += k
         first = starts[1] - rb.last_token[:m]
-        gaps = np.concatenate((first, np.repeat(starts[2:] - starts[1:-1], m)))
+        gaps = np.concatenate((first, (starts[2:] - starts[1:-1]).repeat(m)))
         rb.last_token[:m] = starts[k]
         self._gaps = gaps[-m:]
         kv.now = float(starts[k - 1])
@@ -746,8 +748,8 @@ class Scheduler:
         cnt = np.where(j0 < k, (k - j0 + bs - 1) // bs, 0)
         total = int(cnt.sum())
         if total:
-            ev_i = np.repeat(np.arange(m), cnt)
-            ev_j = j0[ev_i] + (np.arange(total) - np.repeat(np.cumsum(cnt) - cnt, cnt)) * bs
+            ev_i = np.arange(m).repeat(cnt)
+            ev_j = j0[ev_i] + (np.arange(total) - (cnt.cumsum() - cnt).repeat(cnt)) * bs
             order = np.lexsort((ev_i, ev_j))
             ev_i, ev_j = ev_i[order], ev_j[order]
             if total > room:
@@ -766,7 +768,7 @@ class Scheduler:
         starts[1] = inflight_s
         starts[2:] = d_next[:k - 1]
         np.cumsum(starts, out=starts)
-        k_arr = int(np.searchsorted(starts[1:], until_s, side="left"))
+        k_arr = int(starts[1:].searchsorted(until_s, side="left"))
         if k_arr < k:
             k = k_arr
             self._cut_at = (float(starts[k]), until_s)
@@ -777,14 +779,14 @@ class Scheduler:
             return None
         starts = starts[:k + 1]
         durations = np.concatenate(([inflight_s], d_next[:k - 1]))
-        n_ev = int(np.searchsorted(ev_j, k, side="left"))  # 5.
+        n_ev = int(ev_j.searchsorted(k, side="left"))  # 5.
         ev_i, ev_j = ev_i[:n_ev], ev_j[:n_ev]
         stats = kv.stats()
         if n_ev:
             idx = ev_i.tolist()
             reqs = rb.reqs
             kv.take_decode_blocks([reqs[i] for i in idx], starts[ev_j].tolist())
-        taken = np.searchsorted(ev_j, j[:k], side="right")  # blocks taken by each record
+        taken = ev_j.searchsorted(j[:k], side="right")  # blocks taken by each record
         used, usage = kv.decode_gauges(taken)
         cap_sum = int(rb.capacity[:m].sum()) + bs * taken
         stored = used - (cap_sum - (c_sum + m * (j[:k] + 1)))
@@ -795,7 +797,7 @@ class Scheduler:
         rb.num_out[:m] += k
         rb.n[:m] = 1
         first = starts[1] - rb.last_token[:m]
-        gaps = np.concatenate((first, np.repeat(starts[2:] - starts[1:-1], m)))
+        gaps = np.concatenate((first, (starts[2:] - starts[1:-1]).repeat(m)))
         rb.last_token[:m] = starts[k]
         self._gaps = gaps[-m:]
         kv.now = float(starts[k - 1])
