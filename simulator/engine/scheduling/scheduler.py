@@ -466,16 +466,35 @@ class Scheduler:
         n = rb.n[:m]
         rb.computed[:m] += n
         sampled = (n > 0) & (rb.computed[:m] >= rb.tokens[:m])
-        rb.tokens[:m] += sampled
-        rb.num_out[:m] += sampled
+        num_sampled = np.count_nonzero(sampled)
         out = rb.num_out[:m]
         last = rb.last_token[:m]
-        gaps = sampled & (out > 1)
-        self._gaps = now - last[gaps] if np.count_nonzero(gaps) else None
-        for i in (sampled & (out == 1)).nonzero()[0].tolist():
-            rb.reqs[i].first_token_s = now
-        last[sampled] = now
-        done = sampled & (out >= rb.target_out[:m])
+        if num_sampled == m and m:
+            # every running request samples (a decode step): the masks below without `sampled`
+            rb.tokens[:m] += 1
+            out += 1
+            firsts = out == 1
+            num_first = np.count_nonzero(firsts)
+            if num_first:
+                self._gaps = now - last[~firsts] if num_first < m else None
+                for i in firsts.nonzero()[0].tolist():
+                    rb.reqs[i].first_token_s = now
+            else:
+                self._gaps = now - last
+            last[:] = now
+            done = out >= rb.target_out[:m]
+        elif num_sampled:
+            rb.tokens[:m] += sampled
+            out += sampled
+            gaps = sampled & (out > 1)
+            self._gaps = now - last[gaps] if np.count_nonzero(gaps) else None
+            for i in (sampled & (out == 1)).nonzero()[0].tolist():
+                rb.reqs[i].first_token_s = now
+            last[sampled] = now
+            done = sampled & (out >= rb.target_out[:m])
+        else:  # no request samples (prompt chunks only)
+            self._gaps = None
+            done = sampled
         finished: list[Request] = []
         if self.offload is not None:  # before the finished leave the batch: store offers
             self.offload.offer(rb.reqs, rb.computed[:m], n, rb.tokens[:m], rb.num_out[:m],
