@@ -213,14 +213,20 @@ class Scheduler:
             want = rb.tokens[i:m] - rb.computed[i:m]
             if self.async_scheduling:
                 # vLLM's AsyncScheduler: no extra step for a request whose last token is in flight
-                want[rb.num_out[i:m] >= rb.target_out[i:m]] = 0
+                at_last = rb.num_out[i:m] >= rb.target_out[i:m]
+                if np.count_nonzero(at_last):
+                    want[at_last] = 0
             cum = want.cumsum()
-            cum_before = cum - want
-            count = int(cum_before.searchsorted(budget, side="left"))  # those with budget left
+            if cum[-1] <= budget:  # all of them fit
+                count = m - i
+            else:
+                count = int((cum - want).searchsorted(budget, side="left"))  # those with budget left
             n = rb.n[i:i + count]
             n[:] = want[:count]
-            if cum[count - 1] > budget:
-                n[-1] = budget - cum_before[count - 1]
+            used = int(cum[count - 1])
+            if used > budget:
+                n[-1] -= used - budget
+                used = budget
             computed = rb.computed[i:i + count]
             reach = computed + n
             call = reach > rb.capacity[i:i + count]
@@ -249,12 +255,12 @@ class Scheduler:
                 if len(caps) < len(idx):  # the manager ran out at request j
                     j = idx[len(caps)]
                     rb.n[j:m] = 0
-                    budget -= int(cum_before[j - i])
+                    budget -= int(cum[j - i] - want[j - i])
                     budget, i, stop = self._schedule_one(j, budget, now, preempted)
                     if stop:
                         break
                     continue
-            budget -= int(n.sum())
+            budget -= used
             break
         return budget, preempted
 
@@ -417,7 +423,7 @@ class Scheduler:
         else:
             decodes = int(np.count_nonzero(sampled & (n == 1) & (rb.num_out[:m] > 0)))
             num_seqs = int(np.count_nonzero(scheduled))
-            attn_pairs = float(n @ c) + float(n @ (n + 1)) / 2.0
+            attn_pairs = float(n @ c) + float(int(n @ n) + t) / 2.0  # n @ (n + 1), exact ints
             kv_tokens = int(reach @ scheduled)
             window = int(np.minimum(reach, w) @ scheduled) if w else -1
         self._pure = (decodes == m == t and not preempted and not num_admitted
