@@ -31,8 +31,10 @@ class RunningBatch:
         self.last_token = np.zeros(max_num_seqs, np.float64)
         self.ph = np.zeros(max_num_seqs, np.int64)  # async: outputs in flight
         self.hashed = np.zeros(max_num_seqs, np.int64)  # async: tokens of hashed full blocks
+        self.ids = np.zeros(max_num_seqs, np.int64)  # async: req_id (commits find their samplers)
         self._cols = (self.computed, self.tokens, self.num_out, self.target_out, self.capacity,
-                      self.n, self.last_token) + ((self.ph, self.hashed) if async_scheduling else ())
+                      self.n, self.last_token) + ((self.ph, self.hashed, self.ids)
+                                                  if async_scheduling else ())
 
     def _columns(self) -> tuple[np.ndarray, ...]:
         return self._cols
@@ -53,6 +55,7 @@ class RunningBatch:
         self.last_token[i] = req.last_token_s
         self.ph[i] = 0
         self.hashed[i] = num_computed
+        self.ids[i] = req.req_id
         self.version += 1
         return i
 
@@ -72,7 +75,7 @@ class RunningBatch:
 
     def compress(self, keep: np.ndarray) -> None:
         m = len(self.reqs)
-        k = int(keep.sum())
+        k = int(np.count_nonzero(keep))
         for col in self._columns():
             col[:k] = col[:m][keep]
         self.reqs = [r for r, kept in zip(self.reqs, keep.tolist()) if kept]

@@ -58,6 +58,7 @@ class _InFlight:
     reqs: list[Request]
     reach: np.ndarray
     version: int
+    ids: np.ndarray  # req_id of every running request then (slot order)
 
 
 class Scheduler:
@@ -97,6 +98,10 @@ class Scheduler:
         # (nothing admitted, preempted, swapped or finished) and nothing arrived since
         self._pure = False  # the step just scheduled is a pure decode of every running request
         self._quiet = False  # ... and it committed with no finish and no arrival during it
+        # (end, next arrival) of the last decode run when that arrival cut it: a run asked for at
+        # that end with the same arrival ahead would find its first step ending past it, so it
+        # is not tried (None is always exact: the loop is the reference; this saves step_times)
+        self._cut_at: tuple[float, float] | None = None
         # P/D (engine/disagg.py): a prefill replica keeps a finished request's blocks for the
         # KV transfer (vLLM's connector request_finished -> delay_free_blocks); disagg frees them
         self.delay_free_blocks = False
@@ -208,14 +213,20 @@ class Scheduler:
             want = rb.tokens[i:m] - rb.computed[i:m]
             if self.async_scheduling:
                 # vLLM's AsyncScheduler: no extra step for a request whose last token is in flight
-                want[rb.num_out[i:m] >= rb.target_out[i:m]] = 0
-            cum = np.cumsum(want)
-            cum_before = cum - want
-            count = int(np.searchsorted(cum_before, budget, side="left"))  # those with budget left
+                at_last = rb.num_out[i:m] >= rb.target_out[i:m]
+                if np.count_nonzero(at_last):
+                    want[at_last] = 0
+            cum = want.cumsum()
+            if cum[-1] <= budget:  # all of them fit
+                count = m - i
+            else:
+                count = int((cum - want).searchsorted(budget, side="left"))  # those with budget left
             n = rb.n[i:i + count]
             n[:] = want[:count]
-            if cum[count - 1] > budget:
-                n[-1] = budget - cum_before[count - 1]
+            used = int(cum[count - 1])
+            if used > budget:
+                n[-1] -= used - budget
+                used = budget
             computed = rb.computed[i:i + count]
             reach = computed + n
             call = reach > rb.capacity[i:i + count]
@@ -233,22 +244,23 @@ class Scheduler:
                     call |= (n > 0) & (cap // bs > rb.hashed[i:i + count] // bs)
                 else:
                     call |= reach // bs > computed // bs
-            needers = np.flatnonzero(call)
+            needers = call.nonzero()[0]
             if len(needers):
-                idx = (needers + i).tolist()
-                tokens = rb.tokens[idx] - rb.ph[idx] if self.async_scheduling else rb.tokens[idx]
+                at = needers + i
+                idx = at.tolist()
+                tokens = rb.tokens[at] - rb.ph[at] if self.async_scheduling else rb.tokens[at]
                 caps = kv.allocate_slots_many([rb.reqs[j] for j in idx], n[needers].tolist(),
                                               computed[needers].tolist(), tokens.tolist())
-                rb.capacity[idx[:len(caps)]] = caps
+                rb.capacity[at[:len(caps)]] = caps
                 if len(caps) < len(idx):  # the manager ran out at request j
                     j = idx[len(caps)]
                     rb.n[j:m] = 0
-                    budget -= int(cum_before[j - i])
+                    budget -= int(cum[j - i] - want[j - i])
                     budget, i, stop = self._schedule_one(j, budget, now, preempted)
                     if stop:
                         break
                     continue
-            budget -= int(n.sum())
+            budget -= used
             break
         return budget, preempted
 
@@ -396,19 +408,34 @@ class Scheduler:
         reach = c + n
         scheduled = n > 0
         sampled = scheduled & (reach >= rb.tokens[:m])
-        decodes = int(np.count_nonzero(sampled & (n == 1) & (rb.num_out[:m] > 0)))
         t = int(n.sum())
+        num_sampled = int(np.count_nonzero(sampled))
+        w = self.window_tokens
+        if t == num_sampled == m:
+            # every request samples and the m tokens are one each (n == 1 everywhere): the
+            # general sums below in fewer numpy calls (n @ c = sum c, n @ (n + 1) = 2 m)
+            decodes = int(np.count_nonzero(rb.num_out[:m]))
+            num_seqs = m
+            c_sum = int(c.sum())
+            attn_pairs = float(c_sum) + float(2 * m) / 2.0
+            kv_tokens = c_sum + m
+            window = int(np.minimum(reach, w).sum()) if w else -1
+        else:
+            decodes = int(np.count_nonzero(sampled & (n == 1) & (rb.num_out[:m] > 0)))
+            num_seqs = int(np.count_nonzero(scheduled))
+            attn_pairs = float(n @ c) + float(int(n @ n) + t) / 2.0  # n @ (n + 1), exact ints
+            kv_tokens = int(reach @ scheduled)
+            window = int(np.minimum(reach, w) @ scheduled) if w else -1
         self._pure = (decodes == m == t and not preempted and not num_admitted
                       and not self.step_swap_s)
-        num_seqs = int(np.count_nonzero(scheduled))
         shape = StepShape(
             num_tokens=t,
-            num_sampled=int(np.count_nonzero(sampled)),
-            attn_pairs=float(n @ c) + float(n @ (n + 1)) / 2.0,
-            kv_tokens=int(reach @ scheduled),
+            num_sampled=num_sampled,
+            attn_pairs=attn_pairs,
+            kv_tokens=kv_tokens,
             num_seqs=num_seqs,
             num_prefill_tokens=t - decodes,
-            window_kv_tokens=int(np.minimum(reach, w) @ scheduled) if (w := self.window_tokens) else -1,
+            window_kv_tokens=window,
         )
         if self.async_scheduling:
             self._launch(scheduled, sampled, reach)
@@ -431,10 +458,10 @@ class Scheduler:
         rb.tokens[:m] += sampled
         rb.num_out[:m] += sampled
         rb.ph[:m] += sampled
-        idx = np.flatnonzero(sampled)
+        idx = sampled.nonzero()[0]
         # the running list as it is now (a C-level copy): the samplers are reqs[idx] should the
         # batch change before the commit
-        self._inflight.append(_InFlight(idx, list(rb.reqs), reach[idx], rb.version))
+        self._inflight.append(_InFlight(idx, list(rb.reqs), reach[idx], rb.version, rb.ids[:m].copy()))
 
     def commit(self, now: float) -> list[Request]:
         """Apply the step that just ran: advance tokens, sample, finish. Returns finished."""
@@ -445,22 +472,41 @@ class Scheduler:
         n = rb.n[:m]
         rb.computed[:m] += n
         sampled = (n > 0) & (rb.computed[:m] >= rb.tokens[:m])
-        rb.tokens[:m] += sampled
-        rb.num_out[:m] += sampled
+        num_sampled = np.count_nonzero(sampled)
         out = rb.num_out[:m]
         last = rb.last_token[:m]
-        gaps = sampled & (out > 1)
-        self._gaps = now - last[gaps] if gaps.any() else None
-        for i in np.flatnonzero(sampled & (out == 1)).tolist():
-            rb.reqs[i].first_token_s = now
-        last[sampled] = now
-        done = sampled & (out >= rb.target_out[:m])
+        if num_sampled == m and m:
+            # every running request samples (a decode step): the masks below without `sampled`
+            rb.tokens[:m] += 1
+            out += 1
+            firsts = out == 1
+            num_first = np.count_nonzero(firsts)
+            if num_first:
+                self._gaps = now - last[~firsts] if num_first < m else None
+                for i in firsts.nonzero()[0].tolist():
+                    rb.reqs[i].first_token_s = now
+            else:
+                self._gaps = now - last
+            last[:] = now
+            done = out >= rb.target_out[:m]
+        elif num_sampled:
+            rb.tokens[:m] += sampled
+            out += sampled
+            gaps = sampled & (out > 1)
+            self._gaps = now - last[gaps] if np.count_nonzero(gaps) else None
+            for i in (sampled & (out == 1)).nonzero()[0].tolist():
+                rb.reqs[i].first_token_s = now
+            last[sampled] = now
+            done = sampled & (out >= rb.target_out[:m])
+        else:  # no request samples (prompt chunks only)
+            self._gaps = None
+            done = sampled
         finished: list[Request] = []
         if self.offload is not None:  # before the finished leave the batch: store offers
             self.offload.offer(rb.reqs, rb.computed[:m], n, rb.tokens[:m], rb.num_out[:m],
-                               [rb.reqs[i] for i in np.flatnonzero(done).tolist()], now)
-        if done.any():
-            for i in np.flatnonzero(done).tolist():
+                               [rb.reqs[i] for i in done.nonzero()[0].tolist()], now)
+        if np.count_nonzero(done):
+            for i in done.nonzero()[0].tolist():
                 req = rb.write_back(i)
                 req.finish_s = now
                 req.status = Status.FINISHED
@@ -490,18 +536,23 @@ class Scheduler:
         stale: list[Request] = []
         idx = fl.idx
         if fl.version != rb.version and len(idx):  # 1.
-            slot = {r.req_id: i for i, r in enumerate(rb.reqs)}
-            found, now_at = [], []
-            for j, i0 in enumerate(idx.tolist()):
-                req = fl.reqs[i0]
-                i = slot.get(req.req_id)
-                if i is None:
-                    stale.append(req)
-                else:
-                    found.append(j)
-                    now_at.append(i)
-            fl_reach = fl.reach[found]
-            idx = np.array(now_at, np.int64)
+            # by req_id over numpy (no Python loop over the batch): their slots now, in the
+            # step's sampler order; ids no longer running are stale
+            m = rb.m
+            old = fl.ids[idx]
+            if m:
+                cur = rb.ids[:m]
+                sorter = np.argsort(cur)
+                at = sorter[np.minimum(cur.searchsorted(old, sorter=sorter), m - 1)]
+                hit = cur[at] == old
+            else:
+                at = idx
+                hit = np.zeros(len(idx), bool)
+            if np.count_nonzero(hit) < len(hit):
+                reqs = fl.reqs
+                stale = [reqs[i] for i in idx[~hit].tolist()]
+            fl_reach = fl.reach[hit]
+            idx = at[hit]
         else:
             fl_reach = fl.reach
         finished: list[Request] = []
@@ -511,14 +562,14 @@ class Scheduler:
         sel = slice(0, rb.m) if whole else idx  # NOTE: a slice, not fancy indexing (hot path)
 
         def slots(mask: np.ndarray) -> list[int]:
-            return (np.flatnonzero(mask) if whole else idx[mask]).tolist()
+            return (mask.nonzero()[0] if whole else idx[mask]).tolist()
         if len(idx):  # 2.
             ph = rb.ph[sel]
             ph -= 1
             mat = rb.num_out[sel] - ph
             first = mat == 1
             last = rb.last_token[sel]
-            if first.any():
+            if np.count_nonzero(first):
                 gaps = now - last[~first]
                 reqs = rb.reqs
                 for i in slots(first):
@@ -535,14 +586,14 @@ class Scheduler:
             if kv.caches_full_blocks:
                 bs = kv.block_size
                 late = (fl_reach // bs > rb.hashed[sel] // bs) & ~done
-                if late.any():
+                if np.count_nonzero(late):
                     for i, r in zip(slots(late), fl_reach[late].tolist()):
                         kv.allocate_slots(rb.reqs[i], 0, r,
                                           num_tokens=int(rb.tokens[i] - rb.ph[i]))
                         rb.hashed[i] = r
             if not len(gaps):
                 gaps = None
-        if done is not None and done.any():  # 3.
+        if done is not None and np.count_nonzero(done):  # 3.
             keep = np.ones(rb.m, bool)
             for i in slots(done):
                 req = rb.write_back(i)
@@ -593,13 +644,14 @@ class Scheduler:
             return self._decode_run_async(now, until_s, step_times, max_steps, inflight_s)
         rb = self.running
         m = rb.m
-        if not m:
+        if not m or self._cut_at == (now, until_s):
             return None
         if not self._quiet:
             # an empty queue admits nobody whatever the free blocks: a batch of decodes only
             # (each one token to compute, the budget holding them all) decodes again
             if (len(self.queue) or self.kv_holding or m > self.max_num_batched_tokens
-                    or not (rb.tokens[:m] - rb.computed[:m] == 1).all() or not rb.num_out[:m].all()):
+                    or np.count_nonzero(rb.tokens[:m] - rb.computed[:m] == 1) < m
+                    or np.count_nonzero(rb.num_out[:m]) < m):
                 return None
         kv = self.kv
         room = kv.decode_room()
@@ -614,8 +666,8 @@ class Scheduler:
         cnt = np.where(j0 < k, (k - j0 + bs - 1) // bs, 0)
         total = int(cnt.sum())
         if total:
-            ev_i = np.repeat(np.arange(m), cnt)
-            ev_j = j0[ev_i] + (np.arange(total) - np.repeat(np.cumsum(cnt) - cnt, cnt)) * bs
+            ev_i = np.arange(m).repeat(cnt)
+            ev_j = j0[ev_i] + (np.arange(total) - (cnt.cumsum() - cnt).repeat(cnt)) * bs
             order = np.lexsort((ev_i, ev_j))
             ev_i, ev_j = ev_i[order], ev_j[order]
             if total > room:
@@ -636,21 +688,24 @@ class Scheduler:
         starts[0] = now
         starts[1:] = durations
         np.cumsum(starts, out=starts)
-        k = min(k, int(np.searchsorted(starts[1:], until_s, side="left")))
+        k_arr = int(starts[1:].searchsorted(until_s, side="left"))
+        if k_arr < k:
+            k = k_arr
+            self._cut_at = (float(starts[k]), until_s)
         if k < 1:
             return None
         delay = exact_delay(now, float(starts[k]))
         if delay is None:
             return None
         starts, durations, kv_tokens = starts[:k + 1], durations[:k], kv_tokens[:k]
-        n_ev = int(np.searchsorted(ev_j, k, side="left"))  # 5.
+        n_ev = int(ev_j.searchsorted(k, side="left"))  # 5.
         ev_i, ev_j = ev_i[:n_ev], ev_j[:n_ev]
         stats = kv.stats()
         if n_ev:
             idx = ev_i.tolist()
             reqs = rb.reqs
             kv.take_decode_blocks([reqs[i] for i in idx], starts[ev_j].tolist())
-        taken = np.searchsorted(ev_j, j[:k], side="right")  # blocks taken through each step
+        taken = ev_j.searchsorted(j[:k], side="right")  # blocks taken through each step
         used, usage = kv.decode_gauges(taken)
         cap_sum = int(rb.capacity[:m].sum()) + bs * taken
         stored = used - (cap_sum - (c_sum + m * (j[:k] + 1)))
@@ -660,7 +715,7 @@ class Scheduler:
         rb.tokens[:m] += k
         rb.num_out[:m] += k
         first = starts[1] - rb.last_token[:m]
-        gaps = np.concatenate((first, np.repeat(starts[2:] - starts[1:-1], m)))
+        gaps = np.concatenate((first, (starts[2:] - starts[1:-1]).repeat(m)))
         rb.last_token[:m] = starts[k]
         self._gaps = gaps[-m:]
         kv.now = float(starts[k - 1])
@@ -703,7 +758,7 @@ class Scheduler:
         5. apply as decode_run; the tokens of step X+j-1 reach the client at T_j."""
         rb = self.running
         m = rb.m
-        if not m or not self._quiet or inflight_s is None:  # 1.
+        if not m or not self._quiet or inflight_s is None or self._cut_at == (now, until_s):  # 1.
             return None
         kv = self.kv
         room = kv.decode_room()
@@ -718,8 +773,8 @@ class Scheduler:
         cnt = np.where(j0 < k, (k - j0 + bs - 1) // bs, 0)
         total = int(cnt.sum())
         if total:
-            ev_i = np.repeat(np.arange(m), cnt)
-            ev_j = j0[ev_i] + (np.arange(total) - np.repeat(np.cumsum(cnt) - cnt, cnt)) * bs
+            ev_i = np.arange(m).repeat(cnt)
+            ev_j = j0[ev_i] + (np.arange(total) - (cnt.cumsum() - cnt).repeat(cnt)) * bs
             order = np.lexsort((ev_i, ev_j))
             ev_i, ev_j = ev_i[order], ev_j[order]
             if total > room:
@@ -738,7 +793,10 @@ class Scheduler:
         starts[1] = inflight_s
         starts[2:] = d_next[:k - 1]
         np.cumsum(starts, out=starts)
-        k = min(k, int(np.searchsorted(starts[1:], until_s, side="left")))
+        k_arr = int(starts[1:].searchsorted(until_s, side="left"))
+        if k_arr < k:
+            k = k_arr
+            self._cut_at = (float(starts[k]), until_s)
         if k < 1:
             return None
         delay = exact_delay(now, float(starts[k]))
@@ -746,14 +804,14 @@ class Scheduler:
             return None
         starts = starts[:k + 1]
         durations = np.concatenate(([inflight_s], d_next[:k - 1]))
-        n_ev = int(np.searchsorted(ev_j, k, side="left"))  # 5.
+        n_ev = int(ev_j.searchsorted(k, side="left"))  # 5.
         ev_i, ev_j = ev_i[:n_ev], ev_j[:n_ev]
         stats = kv.stats()
         if n_ev:
             idx = ev_i.tolist()
             reqs = rb.reqs
             kv.take_decode_blocks([reqs[i] for i in idx], starts[ev_j].tolist())
-        taken = np.searchsorted(ev_j, j[:k], side="right")  # blocks taken by each record
+        taken = ev_j.searchsorted(j[:k], side="right")  # blocks taken by each record
         used, usage = kv.decode_gauges(taken)
         cap_sum = int(rb.capacity[:m].sum()) + bs * taken
         stored = used - (cap_sum - (c_sum + m * (j[:k] + 1)))
@@ -764,7 +822,7 @@ class Scheduler:
         rb.num_out[:m] += k
         rb.n[:m] = 1
         first = starts[1] - rb.last_token[:m]
-        gaps = np.concatenate((first, np.repeat(starts[2:] - starts[1:-1], m)))
+        gaps = np.concatenate((first, (starts[2:] - starts[1:-1]).repeat(m)))
         rb.last_token[:m] = starts[k]
         self._gaps = gaps[-m:]
         kv.now = float(starts[k - 1])
