@@ -306,3 +306,22 @@ def test_more_tokens_never_makes_a_step_faster_new_models(model, reqs, extra, wh
     n, c, s = reqs[i]
     grown = [*reqs[:i], (n + extra, c, s), *reqs[i + 1:]]
     assert cm.step_time(_shape(cm, grown)) >= cm.step_time(_shape(cm, reqs)) > 0
+
+
+@pytest.mark.parametrize("async_scheduling", ["true", "false"])
+def test_window_reads_in_decode_runs_equal_stepping_on_the_paged_allocator(async_scheduling):
+    """gpt-oss-20b on the paged allocator (hybrid manager off, prefix caching off) takes decode
+    runs in both scheduling modes; their durations must carry the sliding layers' capped reads
+    as the step loop's do (a run under async once priced them as full attention)."""
+    overrides = ["model=gpt-oss-20b", "engine.max_model_len=4096",
+                 "engine.disable_hybrid_kv_cache_manager=true", "engine.enable_prefix_caching=false",
+                 "workload.num_requests=60",
+                 f"engine.async_scheduling={async_scheduling}"]
+    files = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for advance in ("step", "event"):
+            res = run(build_config(None, [*overrides, f"engine.advance={advance}"]))
+            res.write(Path(tmp) / advance)
+            files[advance] = [(Path(tmp) / advance / n).read_bytes()
+                              for n in ("summary.json", "requests.parquet", "iterations.parquet")]
+    assert files["event"] == files["step"]

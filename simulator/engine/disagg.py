@@ -52,7 +52,6 @@ from simulator.engine.replica import Replica, feed_arrivals
 from simulator.engine.routers import ROUTERS
 from simulator.errors import ConfigError
 from simulator.metrics.recorder import MetricsRecorder
-from simulator.metrics.steps import StepColumns, as_steps
 from simulator.metrics.summary import summarize
 from simulator.workload.generators import RequestArrays
 from simulator.workload.load import generate
@@ -335,18 +334,16 @@ class DisaggCluster:
         return self.front.num_ended + sum(r.recorder.num_ended for r in self.decode.replicas)
 
 
-class DisaggRecorder:
+class DisaggRecorder(MergedRecorder):
     """What `summarize` reads (MergedRecorder's members) over both pools: the client requests
     (the decode replicas' and those rejected at arrival) with the P/D columns, every step of
     every replica (prefill replicas first: `replica` 0..P-1, then decode P..P+D-1, and `pool`),
     the decode side's token gaps."""
 
     def __init__(self, dc: DisaggCluster) -> None:
+        super().__init__([r.recorder for r in dc.prefill.replicas]
+                         + [r.recorder for r in dc.decode.replicas])
         self.dc = dc
-        self.recorders = ([r.recorder for r in dc.prefill.replicas]
-                          + [r.recorder for r in dc.decode.replicas])
-        self.merged = MergedRecorder(self.recorders)
-        self.total_slots = self.merged.total_slots
         self._reqs: pd.DataFrame | None = None
 
     def requests_frame(self) -> pd.DataFrame:
@@ -382,22 +379,12 @@ class DisaggRecorder:
         return df
 
     def iterations_frame(self) -> pd.DataFrame:
-        it = self.merged.iterations_frame()
+        it = super().iterations_frame()
         if "pool" not in it:
             it.insert(1, "pool", np.where(it.replica.to_numpy() < self.dc.prefill.num_replicas,
                                           "prefill", "decode"))
         return it
 
-    def busy_s(self) -> float:
-        it = self.iterations_frame()
-        return float(it.duration_s.sum()) if len(it) else 0.0
-
-    def step_columns(self) -> StepColumns:
-        return as_steps(self.iterations_frame())
-
-    def token_gaps(self, *, release: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """The decode side's gaps (`release`: see MergedRecorder.token_gaps, nothing released)."""
-        return self.merged.token_gaps()
 
 
 def _dist(x: np.ndarray) -> dict[str, float | None]:

@@ -215,8 +215,8 @@ class Replica:
         cost = self.cost
         trace = self.trace
 
-        def step_times(m, pairs, kv_tokens):
-            return decode_step_times(cost, m, pairs, kv_tokens)
+        def step_times(m, pairs, kv_tokens, window_kv_tokens=-1):
+            return decode_step_times(cost, m, pairs, kv_tokens, window_kv_tokens)
         inflight = None  # (batch, duration) of the step that started at env.now
         while True:
             if inflight is None:

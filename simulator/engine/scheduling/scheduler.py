@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -660,22 +660,11 @@ class Scheduler:
         k = min(int((rb.target_out[:m] - rb.num_out[:m]).min()) - 1, max_steps)  # 2.
         if k < 1:
             return None
-        bs = kv.block_size
         c0 = rb.computed[:m]
-        j0 = rb.capacity[:m] - c0  # 3. the first step at which each request needs a block
-        cnt = np.where(j0 < k, (k - j0 + bs - 1) // bs, 0)
-        total = int(cnt.sum())
-        if total:
-            ev_i = np.arange(m).repeat(cnt)
-            ev_j = j0[ev_i] + (np.arange(total) - (cnt.cumsum() - cnt).repeat(cnt)) * bs
-            order = np.lexsort((ev_i, ev_j))
-            ev_i, ev_j = ev_i[order], ev_j[order]
-            if total > room:
-                k = int(ev_j[room])
-                if k < 1:
-                    return None
-        else:
-            ev_i = ev_j = np.zeros(0, np.int64)
+        events = self._decode_block_events(k, room)  # 3.
+        if events is None:
+            return None
+        k, ev_i, ev_j = events
         c_sum = int(c0.sum())  # 4.
         j = np.arange(k, dtype=np.int64)
         kv_tokens = c_sum + m * (j + 1)
@@ -697,47 +686,8 @@ class Scheduler:
         delay = exact_delay(now, float(starts[k]))
         if delay is None:
             return None
-        starts, durations, kv_tokens = starts[:k + 1], durations[:k], kv_tokens[:k]
-        n_ev = int(ev_j.searchsorted(k, side="left"))  # 5.
-        ev_i, ev_j = ev_i[:n_ev], ev_j[:n_ev]
-        stats = kv.stats()
-        if n_ev:
-            idx = ev_i.tolist()
-            reqs = rb.reqs
-            kv.take_decode_blocks([reqs[i] for i in idx], starts[ev_j].tolist())
-        taken = ev_j.searchsorted(j[:k], side="right")  # blocks taken through each step
-        used, usage = kv.decode_gauges(taken)
-        cap_sum = int(rb.capacity[:m].sum()) + bs * taken
-        stored = used - (cap_sum - (c_sum + m * (j[:k] + 1)))
-        if n_ev:
-            rb.capacity[:m] += bs * np.bincount(ev_i, minlength=m)
-        rb.computed[:m] += k
-        rb.tokens[:m] += k
-        rb.num_out[:m] += k
-        first = starts[1] - rb.last_token[:m]
-        gaps = np.concatenate((first, (starts[2:] - starts[1:-1]).repeat(m)))
-        rb.last_token[:m] = starts[k]
-        self._gaps = gaps[-m:]
-        kv.now = float(starts[k - 1])
-        self._admitted = []
-        self.step_swap_s = 0.0
-        # constant columns as numpy scalars (the recorder keeps one value for the k steps)
-        full = np.int64(m)
-        zero = np.int64(0)
-
-        def const(value: int | None) -> np.generic | None:
-            return None if value is None else np.asarray(value)[()]
-        columns = {
-            "start_s": starts[:k], "duration_s": durations, "num_seqs": full,
-            "num_tokens": full, "prefill_tokens": zero, "decode_tokens": full,
-            "num_preempted": zero, "num_admitted": zero, "num_running": full,
-            "num_waiting": np.int64(len(self.queue) + len(self.kv_holding)), "kv_used_slots": used,
-            "kv_usage": usage, "kv_tokens_stored": stored, "num_sampled": full,
-            "prefix_queries_total": const(stats.prefix_queries),
-            "prefix_hits_total": const(stats.prefix_hits),
-            "evictions_total": const(stats.num_evictions),
-            "swap_s": None if self.swap is None else np.float64(0.0),
-            "kv_external_frag_slots": const(stats.external_frag_slots)}
+        starts, durations = starts[:k + 1], durations[:k]
+        columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum)  # 5.
         return DecodeRun(delay, starts, columns, gaps, m, list(rb.reqs))
 
     def _decode_run_async(self, now: float, until_s: float, step_times: Callable[..., np.ndarray],
@@ -767,27 +717,21 @@ class Scheduler:
         k = min(int((rb.target_out[:m] - rb.num_out[:m]).min()), max_steps)  # 2.
         if k < 1:
             return None
-        bs = kv.block_size
         c0 = rb.computed[:m]
-        j0 = rb.capacity[:m] - c0  # 3.
-        cnt = np.where(j0 < k, (k - j0 + bs - 1) // bs, 0)
-        total = int(cnt.sum())
-        if total:
-            ev_i = np.arange(m).repeat(cnt)
-            ev_j = j0[ev_i] + (np.arange(total) - (cnt.cumsum() - cnt).repeat(cnt)) * bs
-            order = np.lexsort((ev_i, ev_j))
-            ev_i, ev_j = ev_i[order], ev_j[order]
-            if total > room:
-                k = int(ev_j[room])
-                if k < 1:
-                    return None
-        else:
-            ev_i = ev_j = np.zeros(0, np.int64)
+        events = self._decode_block_events(k, room)  # 3.
+        if events is None:
+            return None
+        k, ev_i, ev_j = events
         c_sum = int(c0.sum())  # 4.
         j = np.arange(k, dtype=np.int64)
         kv_next = c_sum + m * (j + 1)  # the steps scheduled in the run, X+1..X+k
         pairs_next = (c_sum + m * j + m).astype(np.float64)
-        d_next = step_times(m, pairs_next, kv_next)
+        if self.window_tokens:  # sliding layers read min(c + j + 1, window) entries per request
+            w_next = window_kv_sums(c0, j + 1, self.window_tokens)
+            d_next = step_times(m, pairs_next, kv_next, w_next)
+        else:
+            w_next = None
+            d_next = step_times(m, pairs_next, kv_next)
         starts = np.empty(k + 1)
         starts[0] = now
         starts[1] = inflight_s
@@ -804,23 +748,65 @@ class Scheduler:
             return None
         starts = starts[:k + 1]
         durations = np.concatenate(([inflight_s], d_next[:k - 1]))
-        n_ev = int(ev_j.searchsorted(k, side="left"))  # 5.
+        columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum)  # 5.
+        rb.n[:m] = 1
+        fl = self._inflight[0]  # X's record becomes X+k's: same samplers, same slots
+        fl.reach = rb.computed[:m].copy()
+        fl.version = rb.version
+        shape = StepShape(m, m, float(pairs_next[k - 1]), int(kv_next[k - 1]), m, 0,
+                          -1 if w_next is None else int(w_next[k - 1]))
+        nxt = Batch(shape, m, 0, m, 0, 0, None, [], [])
+        return DecodeRun(delay, starts, columns, gaps, m, list(rb.reqs), nxt, float(d_next[k - 1]))
+
+    def _decode_block_events(self, k: int, room: int) -> tuple[int, np.ndarray, np.ndarray] | None:
+        """decode_run's step 3: the blocks k decode steps take, in the loop's order (step, then
+        running order) as (request slot, step) pairs; k cut before the step whose block the free
+        queue (`room` blocks) cannot give. None: not even one step."""
+        rb = self.running
+        m = rb.m
+        bs = self.kv.block_size
+        c0 = rb.computed[:m]
+        j0 = rb.capacity[:m] - c0  # the first step at which each request needs a block
+        cnt = np.where(j0 < k, (k - j0 + bs - 1) // bs, 0)
+        total = int(cnt.sum())
+        if not total:
+            return k, np.zeros(0, np.int64), np.zeros(0, np.int64)
+        ev_i = np.arange(m).repeat(cnt)
+        ev_j = j0[ev_i] + (np.arange(total) - (cnt.cumsum() - cnt).repeat(cnt)) * bs
+        order = np.lexsort((ev_i, ev_j))
+        ev_i, ev_j = ev_i[order], ev_j[order]
+        if total > room:
+            k = int(ev_j[room])
+            if k < 1:
+                return None
+        return k, ev_i, ev_j
+
+    def _apply_decode_run(self, k: int, starts: np.ndarray, durations: np.ndarray, ev_i: np.ndarray,
+                          ev_j: np.ndarray, c_sum: int) -> tuple[dict[str, Any], np.ndarray]:
+        """decode_run's step 5 (sync and async): the blocks popped in order, the counters advanced
+        by k, the token gaps; returns the k records as columns (constant ones as numpy scalars:
+        the recorder keeps one value for the k steps) and the gaps."""
+        rb = self.running
+        m = rb.m
+        kv = self.kv
+        bs = kv.block_size
+        j = np.arange(k, dtype=np.int64)
+        n_ev = int(ev_j.searchsorted(k, side="left"))
         ev_i, ev_j = ev_i[:n_ev], ev_j[:n_ev]
         stats = kv.stats()
         if n_ev:
             idx = ev_i.tolist()
             reqs = rb.reqs
             kv.take_decode_blocks([reqs[i] for i in idx], starts[ev_j].tolist())
-        taken = ev_j.searchsorted(j[:k], side="right")  # blocks taken by each record
+        taken = ev_j.searchsorted(j, side="right")  # blocks taken through each step / record
         used, usage = kv.decode_gauges(taken)
         cap_sum = int(rb.capacity[:m].sum()) + bs * taken
-        stored = used - (cap_sum - (c_sum + m * (j[:k] + 1)))
+        stored = used - (cap_sum - (c_sum + m * (j + 1)))
         if n_ev:
             rb.capacity[:m] += bs * np.bincount(ev_i, minlength=m)
         rb.computed[:m] += k
         rb.tokens[:m] += k
         rb.num_out[:m] += k
-        rb.n[:m] = 1
         first = starts[1] - rb.last_token[:m]
         gaps = np.concatenate((first, (starts[2:] - starts[1:-1]).repeat(m)))
         rb.last_token[:m] = starts[k]
@@ -828,9 +814,6 @@ class Scheduler:
         kv.now = float(starts[k - 1])
         self._admitted = []
         self.step_swap_s = 0.0
-        fl = self._inflight[0]  # X's record becomes X+k's: same samplers, same slots
-        fl.reach = rb.computed[:m].copy()
-        fl.version = rb.version
         full = np.int64(m)
         zero = np.int64(0)
 
@@ -840,16 +823,14 @@ class Scheduler:
             "start_s": starts[:k], "duration_s": durations, "num_seqs": full,
             "num_tokens": full, "prefill_tokens": zero, "decode_tokens": full,
             "num_preempted": zero, "num_admitted": zero, "num_running": full,
-            "num_waiting": np.int64(len(self.queue)), "kv_used_slots": used,
+            "num_waiting": np.int64(len(self.queue) + len(self.kv_holding)), "kv_used_slots": used,
             "kv_usage": usage, "kv_tokens_stored": stored, "num_sampled": full,
             "prefix_queries_total": const(stats.prefix_queries),
             "prefix_hits_total": const(stats.prefix_hits),
             "evictions_total": const(stats.num_evictions),
             "swap_s": None if self.swap is None else np.float64(0.0),
             "kv_external_frag_slots": const(stats.external_frag_slots)}
-        shape = StepShape(m, m, float(pairs_next[k - 1]), int(kv_next[k - 1]), m, 0)
-        nxt = Batch(shape, m, 0, m, 0, 0, None, [], [])
-        return DecodeRun(delay, starts, columns, gaps, m, list(rb.reqs), nxt, float(d_next[k - 1]))
+        return columns, gaps
 
     def stats(self) -> SchedulerStats:
         rb = self.running
