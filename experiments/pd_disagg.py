@@ -215,7 +215,9 @@ def main(argv=None) -> int:
     write_page(NAME, "Prefill/decode disaggregation vs colocated at equal GPU count", claim=CLAIM,
                reproduce=f"kvsim experiment {NAME} --requests {args.requests}",
                setup=(f"Llama-3.1-8B on H100-SXM (TP 1, max_model_len 16384, prefix caching on, "
-                      f"vLLM 0.33 defaults: max_num_batched_tokens 8192), the first {args.requests} "
+                      f"vLLM 0.33 defaults: max_num_batched_tokens 8192; every fleet synchronous, "
+                      f"engine.async_scheduling false, since kvsim models P/D pools on the "
+                      f"synchronous engine only: like for like), the first {args.requests} "
                       "requests of the Azure LLM inference 2023 conversation and code traces "
                       "(subsampled so the experiment takes a few minutes on 2 cores; burst shape "
                       "kept, time rescaled to the load), load per GPU "
