@@ -88,12 +88,8 @@ def test_full_attention_models_have_no_window():
         assert cost(model).window_tokens == 0
 
 
-def test_scheduler_gives_window_kv_and_event_advance_matches_steps():
-    """gpt-oss-20b decodes past its 128-token window: the scheduler's window_kv_tokens reaches
-    the cost model, and the event-level decode runs (window_kv_sums) equal stepping."""
-    overrides = ["model=gpt-oss-20b", "gpu=h100-sxm", "workload.num_requests=30", "workload.arrival.rate=4",
-                 "workload.prompt_tokens={dist: uniform, low: 50, high: 400}",
-                 "workload.output_tokens={dist: uniform, low: 100, high: 300}", "engine.max_model_len=4096"]
+def assert_event_equals_step(overrides: list[str]) -> None:
+    """The event-level and the step-by-step engine write the same bytes for this config."""
     files = {}
     with tempfile.TemporaryDirectory() as tmp:
         for advance in ("step", "event"):
@@ -102,6 +98,15 @@ def test_scheduler_gives_window_kv_and_event_advance_matches_steps():
             files[advance] = [(Path(tmp) / advance / n).read_bytes()
                               for n in ("summary.json", "requests.parquet", "iterations.parquet")]
     assert files["event"] == files["step"]
+
+
+def test_scheduler_gives_window_kv_and_event_advance_matches_steps():
+    """gpt-oss-20b decodes past its 128-token window: the scheduler's window_kv_tokens reaches
+    the cost model, and the event-level decode runs (window_kv_sums) equal stepping."""
+    overrides = ["model=gpt-oss-20b", "gpu=h100-sxm", "workload.num_requests=30", "workload.arrival.rate=4",
+                 "workload.prompt_tokens={dist: uniform, low: 50, high: 400}",
+                 "workload.output_tokens={dist: uniform, low: 100, high: 300}", "engine.max_model_len=4096"]
+    assert_event_equals_step(overrides)
     import simulator.engine.scheduling.scheduler as sched_mod
     seen = []
     original = sched_mod.Scheduler._summarise
@@ -317,11 +322,4 @@ def test_window_reads_in_decode_runs_equal_stepping_on_the_paged_allocator(async
                  "engine.disable_hybrid_kv_cache_manager=true", "engine.enable_prefix_caching=false",
                  "workload.num_requests=60",
                  f"engine.async_scheduling={async_scheduling}"]
-    files = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for advance in ("step", "event"):
-            res = run(build_config(None, [*overrides, f"engine.advance={advance}"]))
-            res.write(Path(tmp) / advance)
-            files[advance] = [(Path(tmp) / advance / n).read_bytes()
-                              for n in ("summary.json", "requests.parquet", "iterations.parquet")]
-    assert files["event"] == files["step"]
+    assert_event_equals_step(overrides)
