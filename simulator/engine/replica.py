@@ -100,14 +100,10 @@ class Replica:
         """Steps, until arrivals are closed and nothing is left: 1. sleep while idle; 2. schedule
         a Batch; 3. wait its duration (cost model + swap time); 4. commit; 5. hand the step's
         record and the requests that ended to the metrics recorder."""
-        env, sched, rec = self.env, self.scheduler, self.recorder
+        env, sched = self.env, self.scheduler
         step_time = self.cost.step_time
         trace = self.trace
         clock = self.clock
-        cost = self.cost
-
-        def step_times(m, pairs, kv_tokens, window_kv_tokens=-1):
-            return decode_step_times(cost, m, pairs, kv_tokens, window_kv_tokens)
         while True:
             if not sched.has_work:
                 if self.arrivals_done:
@@ -117,14 +113,10 @@ class Replica:
                 self._wake = None
                 continue
             if clock is not None:
-                run = sched.decode_run(env.now, clock.next_s, step_times)
+                run = sched.decode_run(env.now, clock.next_s, self._decode_step_times)
                 if run is not None:
                     yield env.timeout(run.delay)
-                    rec.record_many(run.columns, run.gaps, run.gaps_per_step)
-                    if trace is not None:
-                        trace.decode_run(run)
-                    if self.on_iteration is not None:
-                        self.on_iteration()
+                    self._record_run(run)
                     continue
             start = env.now
             batch = sched.schedule(start)
@@ -151,20 +143,19 @@ class Replica:
             duration = step_time(shape) + (batch.swap_s or 0.0)
             yield env.timeout(duration)
             finished = sched.commit(env.now)
-            s = sched.stats()
-            kv = s.kv
-            if trace is not None:
-                trace.committed(finished, kv.usage)
-            for req in finished:
-                self._ended(req)
-            rec.record(StepRecord(
-                start, duration, batch.num_seqs, shape.num_tokens, batch.num_prefill_tokens,
-                batch.num_decode_tokens, batch.num_preempted, batch.num_admitted, s.num_running,
-                s.num_waiting, kv.used_slots, kv.usage, s.kv_tokens_stored, shape.num_sampled,
-                kv.prefix_queries, kv.prefix_hits, kv.num_evictions, batch.swap_s,
-                kv.external_frag_slots, s.token_gaps))
-            if self.on_iteration is not None:
-                self.on_iteration()
+            self._record(start, duration, batch, finished)
+
+    def _decode_step_times(self, m, pairs, kv_tokens, window_kv_tokens=-1):
+        """The durations of a decode run's steps (advance.decode_step_times on this cost model)."""
+        return decode_step_times(self.cost, m, pairs, kv_tokens, window_kv_tokens)
+
+    def _record_run(self, run) -> None:
+        """After a decode run: its k records as columns, its trace row."""
+        self.recorder.record_many(run.columns, run.gaps, run.gaps_per_step)
+        if self.trace is not None:
+            self.trace.decode_run(run)
+        if self.on_iteration is not None:
+            self.on_iteration()
 
     def _record(self, start: float, duration: float, batch, finished: list[Request]) -> None:
         """After a commit: the ended requests, and the step's record (with the stats now)."""
@@ -212,11 +203,6 @@ class Replica:
         env, sched = self.env, self.scheduler
         step_time = self.cost.step_time
         clock = self.clock
-        cost = self.cost
-        trace = self.trace
-
-        def step_times(m, pairs, kv_tokens, window_kv_tokens=-1):
-            return decode_step_times(cost, m, pairs, kv_tokens, window_kv_tokens)
         inflight = None  # (batch, duration) of the step that started at env.now
         while True:
             if inflight is None:
@@ -234,14 +220,11 @@ class Replica:
                 inflight = (batch, step_time(batch.shape))
             batch, duration = inflight
             if clock is not None:
-                run = sched.decode_run(env.now, clock.next_s, step_times, inflight_s=duration)
+                run = sched.decode_run(env.now, clock.next_s, self._decode_step_times,
+                                       inflight_s=duration)
                 if run is not None:
                     yield env.timeout(run.delay)
-                    self.recorder.record_many(run.columns, run.gaps, run.gaps_per_step)
-                    if trace is not None:
-                        trace.decode_run(run)
-                    if self.on_iteration is not None:
-                        self.on_iteration()
+                    self._record_run(run)
                     inflight = (run.next_batch, run.next_duration)
                     continue
             start = env.now

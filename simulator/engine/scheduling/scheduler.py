@@ -666,26 +666,14 @@ class Scheduler:
             return None
         k, ev_i, ev_j = events
         c_sum = int(c0.sum())  # 4.
-        j = np.arange(k, dtype=np.int64)
-        kv_tokens = c_sum + m * (j + 1)
-        if self.window_tokens:  # sliding layers read min(c + j + 1, window) entries per request
-            durations = step_times(m, (c_sum + m * j + m).astype(np.float64), kv_tokens,
-                                   window_kv_sums(c0, j + 1, self.window_tokens))
-        else:
-            durations = step_times(m, (c_sum + m * j + m).astype(np.float64), kv_tokens)
+        _, _, _, durations = self._decode_shapes(k, c_sum, step_times)
         starts = np.empty(k + 1)
         starts[0] = now
         starts[1:] = durations
-        np.cumsum(starts, out=starts)
-        k_arr = int(starts[1:].searchsorted(until_s, side="left"))
-        if k_arr < k:
-            k = k_arr
-            self._cut_at = (float(starts[k]), until_s)
-        if k < 1:
+        cut = self._cut_to_arrival(now, until_s, starts, k)
+        if cut is None:
             return None
-        delay = exact_delay(now, float(starts[k]))
-        if delay is None:
-            return None
+        k, delay = cut
         starts, durations = starts[:k + 1], durations[:k]
         columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum)  # 5.
         return DecodeRun(delay, starts, columns, gaps, m, list(rb.reqs))
@@ -723,29 +711,16 @@ class Scheduler:
             return None
         k, ev_i, ev_j = events
         c_sum = int(c0.sum())  # 4.
-        j = np.arange(k, dtype=np.int64)
-        kv_next = c_sum + m * (j + 1)  # the steps scheduled in the run, X+1..X+k
-        pairs_next = (c_sum + m * j + m).astype(np.float64)
-        if self.window_tokens:  # sliding layers read min(c + j + 1, window) entries per request
-            w_next = window_kv_sums(c0, j + 1, self.window_tokens)
-            d_next = step_times(m, pairs_next, kv_next, w_next)
-        else:
-            w_next = None
-            d_next = step_times(m, pairs_next, kv_next)
+        # the steps scheduled in the run, X+1..X+k
+        pairs_next, kv_next, w_next, d_next = self._decode_shapes(k, c_sum, step_times)
         starts = np.empty(k + 1)
         starts[0] = now
         starts[1] = inflight_s
         starts[2:] = d_next[:k - 1]
-        np.cumsum(starts, out=starts)
-        k_arr = int(starts[1:].searchsorted(until_s, side="left"))
-        if k_arr < k:
-            k = k_arr
-            self._cut_at = (float(starts[k]), until_s)
-        if k < 1:
+        cut = self._cut_to_arrival(now, until_s, starts, k)
+        if cut is None:
             return None
-        delay = exact_delay(now, float(starts[k]))
-        if delay is None:
-            return None
+        k, delay = cut
         starts = starts[:k + 1]
         durations = np.concatenate(([inflight_s], d_next[:k - 1]))
         columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum)  # 5.
@@ -757,6 +732,39 @@ class Scheduler:
                           -1 if w_next is None else int(w_next[k - 1]))
         nxt = Batch(shape, m, 0, m, 0, 0, None, [], [])
         return DecodeRun(delay, starts, columns, gaps, m, list(rb.reqs), nxt, float(d_next[k - 1]))
+
+    def _decode_shapes(self, k: int, c_sum: int, step_times: Callable[..., np.ndarray]
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+        """decode_run's step 4 shapes: the attention pairs, KV entries (and, for sliding
+        layers, the windowed entries: min(c + j + 1, window) per request) of k decode steps of
+        the running batch, and their durations from `step_times`."""
+        rb = self.running
+        m = rb.m
+        j = np.arange(k, dtype=np.int64)
+        kv_tokens = c_sum + m * (j + 1)
+        pairs = (c_sum + m * j + m).astype(np.float64)
+        if not self.window_tokens:
+            return pairs, kv_tokens, None, step_times(m, pairs, kv_tokens)
+        window = window_kv_sums(rb.computed[:m], j + 1, self.window_tokens)
+        return pairs, kv_tokens, window, step_times(m, pairs, kv_tokens, window)
+
+    def _cut_to_arrival(self, now: float, until_s: float, starts: np.ndarray, k: int
+                        ) -> tuple[int, float] | None:
+        """decode_run's step 4 end: `starts` (now, then the step durations) summed in place into
+        start times as SimPy adds them; k stops so the last step ends strictly before `until_s`
+        (the next arrival) and that end is reachable by one exact SimPy delay: (k, delay), or
+        None when no step is left."""
+        np.cumsum(starts, out=starts)
+        k_arr = int(starts[1:].searchsorted(until_s, side="left"))
+        if k_arr < k:
+            k = k_arr
+            self._cut_at = (float(starts[k]), until_s)
+        if k < 1:
+            return None
+        delay = exact_delay(now, float(starts[k]))
+        if delay is None:
+            return None
+        return k, delay
 
     def _decode_block_events(self, k: int, room: int) -> tuple[int, np.ndarray, np.ndarray] | None:
         """decode_run's step 3: the blocks k decode steps take, in the loop's order (step, then
