@@ -140,6 +140,71 @@ def test_decode_runs_happen_and_cut_the_loop(mode):
     assert len(calls) < 0.05 * len(trace_s)
 
 
+def _run_counting(overrides: list[str]) -> dict[str, int]:
+    """One event-level run, counting its loop steps, decode runs and the finishes inside them."""
+    import simulator.engine.scheduling.scheduler as sched_mod
+    counts = {"loop": 0, "runs": 0, "run_steps": 0, "finished_in_runs": 0}
+    decode_run, schedule = sched_mod.Scheduler.decode_run, sched_mod.Scheduler.schedule
+
+    def counting_run(self, *a, **k):
+        r = decode_run(self, *a, **k)
+        if r is not None:
+            counts["runs"] += 1
+            counts["run_steps"] += len(r.starts) - 1
+            counts["finished_in_runs"] += sum(len(p.finished) for p in r.parts)
+        return r
+
+    def counting_schedule(self, *a, **k):
+        counts["loop"] += 1
+        return schedule(self, *a, **k)
+    sched_mod.Scheduler.decode_run, sched_mod.Scheduler.schedule = counting_run, counting_schedule
+    try:
+        res = run(build_config(None, [*overrides, "engine.advance=event"]))
+    finally:
+        sched_mod.Scheduler.decode_run, sched_mod.Scheduler.schedule = decode_run, schedule
+    counts["finished"] = res.summary["requests"]["finished"]
+    return counts
+
+
+LIGHT = ["engine.enable_prefix_caching=false", "workload.num_requests=60", "model=llama-2-7b",
+         "gpu=a100-80gb", "engine.max_num_batched_tokens=4096",
+         "workload.output_tokens={dist: lognormal, mean: 60, cv: 1.0, max: 400}"]
+
+
+@pytest.mark.parametrize("mode,share", [
+    # prefill-first, light load (W1): the queue is empty at most finishes, runs go on past them
+    (["engine.enable_chunked_prefill=false", "workload.arrival.rate=2.0"], 0.7),
+    # chunked prefill, synchronous
+    (["engine.async_scheduling=false", "engine.max_num_batched_tokens=512",
+      "workload.arrival.rate=2.0"], 0.7),
+    # saturated, a small pool: preemptions, and runs that end at their first finishing step
+    (["engine.enable_chunked_prefill=false", "workload.arrival.rate=40",
+      "engine.num_gpu_blocks_override=300"], 0.25),
+    # static batching: a finish admits nobody, runs go on with a waiting queue
+    (["engine.scheduler=static", "engine.enable_chunked_prefill=false", "workload.arrival.rate=20"], 0.7),
+    # contiguous reservations: a finish frees a region (the gauges, the fragmentation)
+    (["engine.kv_allocator=contiguous", "engine.enable_chunked_prefill=false",
+      "workload.arrival.rate=5", "engine.queue_policy=priority"], 0.7),
+    # three replicas, a router reading their state at each arrival
+    (["engine.enable_chunked_prefill=false", "workload.arrival.rate=6", "cluster.replicas=3",
+      "cluster.router=least_outstanding"], 0.6),
+    # P/D: a decode replica's run ends at its first finishing step (the pull queue watches)
+    (["cluster.mode=disaggregated", "workload.arrival.rate=8"], 0.4),
+])
+def test_finishes_inside_decode_runs(mode, share):
+    """A request whose last token comes in a decode run leaves inside it (its blocks freed in
+    commit's order and popped by the next steps): byte-identical outputs and step traces, and a
+    good share of the finishes happen inside runs."""
+    overrides = [*LIGHT, *mode]
+    with tempfile.TemporaryDirectory() as tmp:
+        step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
+        event, trace_e = _outputs(overrides, "event", Path(tmp) / "e")
+    assert event == step
+    assert trace_e == trace_s
+    counts = _run_counting(overrides)
+    assert counts["finished_in_runs"] >= share * counts["finished"], counts
+
+
 @pytest.mark.parametrize("model,gpu,tp", [("llama-2-7b", "a100-80gb", 1), ("llama-2-7b", "h100-sxm", 2)])
 def test_decode_step_times_equal_step_time(model, gpu, tp):
     cost = CostModel(get_model(model), get_gpu(gpu), tp)

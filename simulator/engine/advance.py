@@ -35,17 +35,25 @@ class ArrivalClock:
 
 
 @dataclass(slots=True)
+class RunPart:
+    """Consecutive steps of a decode run over the same running batch; its last step may finish
+    requests (the batch is one smaller, or more, for the next part)."""
+
+    columns: dict  # MetricsRecorder.record_many columns (k values, a numpy scalar, or None)
+    gaps: np.ndarray  # the steps' token gaps, in step order (len(reqs) a step)
+    reqs: list  # the running batch (Requests) in running order: each samples one token a step
+    finished: list  # the requests its last step finished, in commit order (empty: none)
+
+
+@dataclass(slots=True)
 class DecodeRun:
     """k pure-decode steps applied at once: what the replica waits, records and traces."""
 
     delay: float  # the SimPy timeout that ends at starts[k] (env.now + delay == starts[k])
     starts: np.ndarray  # k + 1 times: each step's start, then the last step's end
-    columns: dict  # MetricsRecorder.record_many columns (k values, a numpy scalar, or None)
-    gaps: np.ndarray  # the steps' token gaps, in step order
-    gaps_per_step: int  # every step samples one token per running request
-    reqs: list  # the running batch (Requests), in running order (step traces)
+    parts: list  # RunPart, in step order (their steps add up to k)
     # async scheduling: the step the run scheduled last, in flight when it ends (None: sync)
-    next_batch: Any = None  # protocols.Batch, a pure decode of `reqs`
+    next_batch: Any = None  # protocols.Batch, a pure decode of the last part's batch
     next_duration: float = 0.0  # its duration (the cost model's)
 
 

@@ -210,6 +210,7 @@ class DisaggCluster:
             rep.on_request_end = self._prefill_ended
         for j, rep in enumerate(decode.replicas):
             rep.may_stall = True
+            rep.scheduler.watched_finishes = True  # the pull queue reacts to each step's finishes
             rep.on_iteration = self._decode_stepped(j, rep.on_iteration)
 
     # --- arrival and the prefill leg ------------------------------------------------------

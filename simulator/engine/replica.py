@@ -150,8 +150,12 @@ class Replica:
         return decode_step_times(self.cost, m, pairs, kv_tokens, window_kv_tokens)
 
     def _record_run(self, run) -> None:
-        """After a decode run: its k records as columns, its trace row."""
-        self.recorder.record_many(run.columns, run.gaps, run.gaps_per_step)
+        """After a decode run: per part, the requests it finished and its records as columns;
+        the trace rows."""
+        for part in run.parts:
+            for req in part.finished:
+                self._ended(req)
+            self.recorder.record_many(part.columns, part.gaps, len(part.reqs))
         if self.trace is not None:
             self.trace.decode_run(run)
         if self.on_iteration is not None:

@@ -51,21 +51,27 @@ class StepTrace:
         self.rows.append(row)
 
     def decode_run(self, run: DecodeRun) -> None:
-        """The steps of an event-level decode run, as step by step would have traced them.
-        Async: the first was scheduled (and traced) before the run, and the run schedules one
-        more, traced here and committed after it."""
-        scheduled = [[r.req_id, 1] for r in run.reqs]
-        usage = run.columns["kv_usage"].tolist()
+        """The steps of an event-level decode run, as step by step would have traced them (a
+        part's last step lists the requests it finished). Async: the first was scheduled (and
+        traced) before the run, and the run schedules one more, traced here and committed
+        after it."""
         starts = run.starts.tolist()
         pending = self._pending
         lag = 0 if run.next_batch is None else 1  # async: step j was scheduled when j-1 started
-        for j in range(len(starts) - 1):
-            row = pending.popleft() if pending else {
-                "step": len(self.rows), "t_s": starts[j - lag], "scheduled": [list(x) for x in scheduled],
-                "preempted": [], "admitted": []}
-            row["finished"] = []
-            row["kv_usage"] = usage[j]
-            self.rows.append(row)
+        j = 0
+        scheduled: list = []
+        for part in run.parts:
+            scheduled = [[r.req_id, 1] for r in part.reqs]
+            usage = part.columns["kv_usage"].tolist()
+            last = len(usage) - 1
+            for q, u in enumerate(usage):
+                row = pending.popleft() if pending else {
+                    "step": len(self.rows), "t_s": starts[j - lag], "scheduled": [list(x) for x in scheduled],
+                    "preempted": [], "admitted": []}
+                row["finished"] = sorted(r.req_id for r in part.finished) if q == last else []
+                row["kv_usage"] = u
+                self.rows.append(row)
+                j += 1
         if lag:
             pending.append({"step": len(self.rows), "t_s": starts[-2],
                             "scheduled": [list(x) for x in scheduled], "preempted": [], "admitted": []})

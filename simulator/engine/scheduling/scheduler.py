@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from simulator.engine.advance import DecodeRun, exact_delay
+from simulator.engine.advance import DecodeRun, RunPart, exact_delay
 from simulator.engine.costmodel import StepShape, window_kv_sums
 from simulator.engine.protocols import Batch, BatchingMode, KVCacheManager, QueuePolicy, SchedulerStats
 from simulator.engine.scheduling.running import RunningBatch
@@ -105,6 +105,9 @@ class Scheduler:
         # P/D (engine/disagg.py): a prefill replica keeps a finished request's blocks for the
         # KV transfer (vLLM's connector request_finished -> delay_free_blocks); disagg frees them
         self.delay_free_blocks = False
+        # P/D decode replica: something outside reacts to each step's finishes (the pull queue
+        # is tried after every step), so a decode run ends at its first finishing step
+        self.watched_finishes = False
         # P/D decode replica: requests whose KV landed in blocks they hold, admitted before the
         # queue (vLLM's kv_holding_waiting; a preempted request at the queue's head cannot
         # block them)
@@ -632,14 +635,19 @@ class Scheduler:
            with no finish, and nothing arrived since; then admission fails again (same queue,
            same budget, free blocks only fall) and every request decodes again. Or: the queue
            is empty and every running request is a decode (one token left to compute);
-        2. k <= the steps before the first finish, <= max_steps;
-        3. the blocks the steps take, in the loop's order (step, then running order): request i
-           needs one at steps capacity - computed + q * block_size; k stops before the step
-           whose block the free queue (`decode_room`) cannot give;
+        2. the run goes in parts, each up to and including the next finishing step (the step
+           that gives a request its last token), <= max_steps in all; after a finishing step
+           it goes on only where the loop's next step is sure to be a pure decode of those left
+           (`_runs_past_finish`);
+        3. per part, the blocks the steps take, in the loop's order (step, then running order):
+           request i needs one at steps capacity - computed + q * block_size; the part stops
+           before the step whose block the free queue (`decode_room`) cannot give;
         4. the durations (step_times over numpy) and start times (sequential float sums, as
-           SimPy adds them); k stops so the last step ends strictly before `until_s` (the next
-           arrival) and the end is reachable by one exact SimPy delay;
-        5. apply: blocks popped in order, counters advanced by k, the records as columns."""
+           SimPy adds them); the run stops so its last step ends strictly before `until_s` (the
+           next arrival) and the end is reachable by one exact SimPy delay;
+        5. apply the part: blocks popped in order, counters advanced, the records as columns;
+           a finishing step then finishes its requests as commit does (`_finish_in_run`: KV
+           freed in running order, popped first by the next part's steps)."""
         if self.async_scheduling:
             return self._decode_run_async(now, until_s, step_times, max_steps, inflight_s)
         rb = self.running
@@ -657,26 +665,100 @@ class Scheduler:
         room = kv.decode_room()
         if room is None:
             return None
-        k = min(int((rb.target_out[:m] - rb.num_out[:m]).min()) - 1, max_steps)  # 2.
-        if k < 1:
+        # a finishing step may run here unless something outside reads it (offload offers,
+        # P/D's kept blocks)
+        finishes = self.offload is None and not self.delay_free_blocks
+        past = finishes and self._runs_past_finish()
+        parts: list[RunPart] = []
+        all_starts: list[np.ndarray] = []
+        t = now
+        steps = 0
+        delay = 0.0
+        while True:
+            m = rb.m
+            left = int((rb.target_out[:m] - rb.num_out[:m]).min())  # steps through the next finish
+            k = min(left if finishes else left - 1, max_steps - steps)  # 2.
+            if k < 1:
+                break
+            events = self._decode_block_events(k, room)  # 3.
+            if events is None:
+                break
+            k, ev_i, ev_j = events
+            c_sum = int(rb.computed[:m].sum())  # 4.
+            _, _, _, durations = self._decode_shapes(k, c_sum, step_times)
+            starts = np.empty(k + 1)
+            starts[0] = t
+            starts[1:] = durations
+            cut = self._cut_to_arrival(now, until_s, starts, k)
+            if cut is None:
+                break
+            k, delay = cut
+            starts, durations = starts[:k + 1], durations[:k]
+            reqs = list(rb.reqs)
+            columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum)  # 5.
+            finished = self._finish_in_run(columns, float(starts[k])) if k == left else []
+            parts.append(RunPart(columns, gaps, reqs, finished))
+            all_starts.append(starts)
+            steps += k
+            t = float(starts[k])
+            if not finished or not past or not rb.m or steps >= max_steps:
+                break
+            room = kv.decode_room()
+        if not parts:
             return None
-        c0 = rb.computed[:m]
-        events = self._decode_block_events(k, room)  # 3.
-        if events is None:
-            return None
-        k, ev_i, ev_j = events
-        c_sum = int(c0.sum())  # 4.
-        _, _, _, durations = self._decode_shapes(k, c_sum, step_times)
-        starts = np.empty(k + 1)
-        starts[0] = now
-        starts[1:] = durations
-        cut = self._cut_to_arrival(now, until_s, starts, k)
-        if cut is None:
-            return None
-        k, delay = cut
-        starts, durations = starts[:k + 1], durations[:k]
-        columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum)  # 5.
-        return DecodeRun(delay, starts, columns, gaps, m, list(rb.reqs))
+        self._pure = True  # as the loop leaves it after the run's last step
+        self._quiet = not parts[-1].finished
+        if len(all_starts) > 1:  # each part's end is the next one's start
+            all_starts = [*(x[:-1] for x in all_starts[:-1]), all_starts[-1]]
+        return DecodeRun(delay, np.concatenate(all_starts) if len(all_starts) > 1 else all_starts[0],
+                         parts)
+
+    def _runs_past_finish(self) -> bool:
+        """Whether the step after a finishing step of a sync decode run is sure to be a pure
+        decode of the requests left: nobody can be admitted (an empty queue, or a batching mode
+        that admits only into an empty batch) and nothing outside watches the finishes (P/D's
+        pull queue, tried after every step of a decode replica: `watched_finishes`)."""
+        return not (self.watched_finishes or self.kv_holding
+                    or (len(self.queue) and self.batching.admits_waiting))
+
+    def _finish_in_run(self, columns: dict[str, Any], now: float) -> list[Request]:
+        """A decode run's finishing step (its last, just applied): the requests at their output
+        target finish as `commit` finishes them (written back, KV freed in running order, out of
+        the batch); the step's record then shows the batch and the KV after the frees, as the
+        loop records them after commit."""
+        rb = self.running
+        m = rb.m
+        done = rb.num_out[:m] >= rb.target_out[:m]
+        finished: list[Request] = []
+        kv = self.kv
+        for i in done.nonzero()[0].tolist():  # NOTE: commit's step 3, as it does it
+            req = rb.write_back(i)
+            req.finish_s = now
+            req.status = Status.FINISHED
+            self.queue.on_stop(req)
+            kv.free(req)
+            finished.append(req)
+        rb.compress(~done)
+        k = len(columns["start_s"])
+        stats = kv.stats()
+        left = rb.m
+        running = np.full(k, m, np.int64)
+        running[-1] = left
+        columns["num_running"] = running
+        columns["kv_used_slots"][-1] = stats.used_slots
+        columns["kv_usage"][-1] = stats.usage
+        columns["kv_tokens_stored"][-1] = stats.used_slots - int(
+            (rb.capacity[:left] - rb.computed[:left]).sum())
+        for name, value in (("prefix_queries_total", stats.prefix_queries),
+                            ("prefix_hits_total", stats.prefix_hits),
+                            ("evictions_total", stats.num_evictions),
+                            ("kv_external_frag_slots", stats.external_frag_slots)):
+            before = columns[name]
+            if before is not None and before != value:
+                col = np.full(k, before)
+                col[-1] = value
+                columns[name] = col
+        return finished
 
     def _decode_run_async(self, now: float, until_s: float, step_times: Callable[..., np.ndarray],
                           max_steps: int, inflight_s: float | None) -> DecodeRun | None:
@@ -731,7 +813,8 @@ class Scheduler:
         shape = StepShape(m, m, float(pairs_next[k - 1]), int(kv_next[k - 1]), m, 0,
                           -1 if w_next is None else int(w_next[k - 1]))
         nxt = Batch(shape, m, 0, m, 0, 0, None, [], [])
-        return DecodeRun(delay, starts, columns, gaps, m, list(rb.reqs), nxt, float(d_next[k - 1]))
+        return DecodeRun(delay, starts, [RunPart(columns, gaps, list(rb.reqs), [])], nxt,
+                         float(d_next[k - 1]))
 
     def _decode_shapes(self, k: int, c_sum: int, step_times: Callable[..., np.ndarray]
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
