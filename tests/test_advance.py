@@ -188,6 +188,16 @@ LIGHT = ["engine.enable_prefix_caching=false", "workload.num_requests=60", "mode
     # three replicas, a router reading their state at each arrival
     (["engine.enable_chunked_prefill=false", "workload.arrival.rate=6", "cluster.replicas=3",
       "cluster.router=least_outstanding"], 0.6),
+    # async scheduling (vLLM 0.33's default): a finishing turn skips those whose last token is
+    # in flight and frees them a step late
+    (["engine.async_scheduling=true", "engine.max_num_batched_tokens=512", "workload.arrival.rate=2.0"],
+     0.7),
+    # async, saturated, a small pool: runs end at their finishing turn with a waiting queue
+    (["engine.async_scheduling=true", "engine.max_num_batched_tokens=512", "workload.arrival.rate=20",
+      "engine.num_gpu_blocks_override=300"], 0.1),
+    # async, three replicas
+    (["engine.async_scheduling=true", "engine.max_num_batched_tokens=512", "workload.arrival.rate=6",
+      "cluster.replicas=3", "cluster.router=kv_aware"], 0.5),
     # P/D: a decode replica's run ends at its first finishing step (the pull queue watches)
     (["cluster.mode=disaggregated", "workload.arrival.rate=8"], 0.4),
 ])

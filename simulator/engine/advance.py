@@ -52,9 +52,11 @@ class DecodeRun:
     delay: float  # the SimPy timeout that ends at starts[k] (env.now + delay == starts[k])
     starts: np.ndarray  # k + 1 times: each step's start, then the last step's end
     parts: list  # RunPart, in step order (their steps add up to k)
-    # async scheduling: the step the run scheduled last, in flight when it ends (None: sync)
-    next_batch: Any = None  # protocols.Batch, a pure decode of the last part's batch
+    # async scheduling: the step the run scheduled last, in flight when it ends (None: sync, or
+    # nothing left to run)
+    next_batch: Any = None  # protocols.Batch, a pure decode of the requests left
     next_duration: float = 0.0  # its duration (the cost model's)
+    pipelined: bool = False  # async scheduling: each step was scheduled when the one before began
 
 
 # NOTE: a cost model whose step_time was replaced (a test's fixed step) is evaluated step by

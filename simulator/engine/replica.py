@@ -229,7 +229,8 @@ class Replica:
                 if run is not None:
                     yield env.timeout(run.delay)
                     self._record_run(run)
-                    inflight = (run.next_batch, run.next_duration)
+                    # None: the last ones left, the run's last schedule was empty
+                    inflight = None if run.next_batch is None else (run.next_batch, run.next_duration)
                     continue
             start = env.now
             nxt = self._schedule(start) if sched.has_work else None  # 1.

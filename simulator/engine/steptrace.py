@@ -57,7 +57,7 @@ class StepTrace:
         after it."""
         starts = run.starts.tolist()
         pending = self._pending
-        lag = 0 if run.next_batch is None else 1  # async: step j was scheduled when j-1 started
+        lag = int(run.pipelined)  # async: step j was scheduled when j-1 started
         j = 0
         scheduled: list = []
         for part in run.parts:
@@ -72,9 +72,11 @@ class StepTrace:
                 row["kv_usage"] = u
                 self.rows.append(row)
                 j += 1
-        if lag:
+        if run.next_batch is not None:  # async: the step left in flight, those not finished
+            gone = {r.req_id for r in run.parts[-1].finished}
             pending.append({"step": len(self.rows), "t_s": starts[-2],
-                            "scheduled": [list(x) for x in scheduled], "preempted": [], "admitted": []})
+                            "scheduled": [list(x) for x in scheduled if x[0] not in gone],
+                            "preempted": [], "admitted": []})
 
     def write(self, path: str | Path) -> Path:
         path = Path(path)

@@ -696,7 +696,8 @@ class Scheduler:
             starts, durations = starts[:k + 1], durations[:k]
             reqs = list(rb.reqs)
             columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum)  # 5.
-            finished = self._finish_in_run(columns, float(starts[k])) if k == left else []
+            finished = (self._finish_in_run(columns, float(starts[k]),
+                                            rb.num_out[:m] >= rb.target_out[:m]) if k == left else [])
             parts.append(RunPart(columns, gaps, reqs, finished))
             all_starts.append(starts)
             steps += k
@@ -708,10 +709,7 @@ class Scheduler:
             return None
         self._pure = True  # as the loop leaves it after the run's last step
         self._quiet = not parts[-1].finished
-        if len(all_starts) > 1:  # each part's end is the next one's start
-            all_starts = [*(x[:-1] for x in all_starts[:-1]), all_starts[-1]]
-        return DecodeRun(delay, np.concatenate(all_starts) if len(all_starts) > 1 else all_starts[0],
-                         parts)
+        return DecodeRun(delay, self._run_starts(all_starts), parts)
 
     def _runs_past_finish(self) -> bool:
         """Whether the step after a finishing step of a sync decode run is sure to be a pure
@@ -721,14 +719,13 @@ class Scheduler:
         return not (self.watched_finishes or self.kv_holding
                     or (len(self.queue) and self.batching.admits_waiting))
 
-    def _finish_in_run(self, columns: dict[str, Any], now: float) -> list[Request]:
+    def _finish_in_run(self, columns: dict[str, Any], now: float, done: np.ndarray) -> list[Request]:
         """A decode run's finishing step (its last, just applied): the requests at their output
         target finish as `commit` finishes them (written back, KV freed in running order, out of
         the batch); the step's record then shows the batch and the KV after the frees, as the
         loop records them after commit."""
         rb = self.running
         m = rb.m
-        done = rb.num_out[:m] >= rb.target_out[:m]
         finished: list[Request] = []
         kv = self.kv
         for i in done.nonzero()[0].tolist():  # NOTE: commit's step 3, as it does it
@@ -766,55 +763,132 @@ class Scheduler:
         `inflight_s`), k loop turns at once: schedule X+1..X+k, commit X..X+k-1; X+k is left
         in flight (returned as next_batch). Steps:
         1. precondition: X is a pure decode of every running request (each with one output in
-           flight, none at its last), the commit before it finished nothing, nothing arrived
-           since X was scheduled (`_quiet`); then schedule X+1 decides as X did;
-        2. k <= min(target - outputs with placeholders): no schedule skips a request whose last
-           token is in flight and no commit finishes one; k <= max_steps;
+           flight), the commit before it finished nothing, nothing arrived since X was
+           scheduled (`_quiet`); then schedule X+1 decides as X did;
+        2. parts: with L = min(target - outputs with placeholders), turns 1..L schedule every
+           request (no schedule skips a request whose last token is in flight, no commit
+           finishes one); turn L + 1 is the finishing turn: its schedule skips those whose last
+           token is in flight (vLLM's num_output_placeholders check) and its commit finishes
+           them, KV freed a step late as vLLM frees it. A part ends with its finishing turn
+           where its schedule is sure to admit nobody and someone is left to schedule; the run
+           goes on past it only where the next schedule is sure to be a pure decode of those
+           left (an empty queue); <= max_steps turns in all;
         3. blocks: as decode_run (schedule X+1+j' takes request i's next block at the same
-           j' = capacity - computed + q * block_size; computed counts the token in flight);
+           j' = capacity - computed + q * block_size; computed counts the token in flight),
+           none for a request its schedule skips;
         4. times: step X+j-1 ends at T_j = T_{j-1} + its duration (X's is `inflight_s`, the
            others the cost model's over numpy); schedule X+j runs at T_{j-1}; k stops so T_k
            < until_s (the next arrival) and is reachable by one exact SimPy delay;
         5. apply as decode_run; the tokens of step X+j-1 reach the client at T_j."""
         rb = self.running
-        m = rb.m
-        if not m or not self._quiet or inflight_s is None or self._cut_at == (now, until_s):  # 1.
+        if not rb.m or not self._quiet or inflight_s is None or self._cut_at == (now, until_s):  # 1.
             return None
         kv = self.kv
         room = kv.decode_room()
         if room is None:
             return None
-        k = min(int((rb.target_out[:m] - rb.num_out[:m]).min()), max_steps)  # 2.
-        if k < 1:
+        # a finishing turn's schedule gets more budget than X's: nobody is admitted with a
+        # waiting queue only if X's admission was tried with budget left (and failed)
+        past = not (self.kv_holding or len(self.queue))
+        parts: list[RunPart] = []
+        all_starts: list[np.ndarray] = []
+        t, d_inflight = now, inflight_s
+        turns = 0
+        delay = 0.0
+        shape: StepShape | None = None
+        finished: list[Request] = []
+        while True:
+            m = rb.m
+            left = rb.target_out[:m] - rb.num_out[:m]
+            q = int(left.min())  # 2. turns before the finishing one
+            survivors = left > q
+            m_next = int(np.count_nonzero(survivors))
+            # the last ones leaving: the finishing turn's schedule is empty (nothing left to run)
+            finishes = past if not m_next else past or self.max_num_batched_tokens > m
+            k = min(q + 1 if finishes else q, max_steps - turns)
+            if k < 1:
+                break
+            events = self._decode_block_events(k, room, np.minimum(left, k) if k > q else None)  # 3.
+            if events is None:
+                break
+            k, ev_i, ev_j = events
+            c0 = rb.computed[:m]
+            c_sum = int(c0.sum())  # 4.
+            n_pure = min(k, q)
+            if n_pure:
+                pairs_next, kv_next, w_next, d_next = self._decode_shapes(n_pure, c_sum, step_times)
+            if k > q and not m_next:  # an empty schedule: nothing to run
+                d_sched = np.concatenate((d_next[:n_pure], [0.0])) if n_pure else np.zeros(1)
+            elif k > q:  # the finishing turn schedules those left (their computed then: c + q)
+                c_left = c0[survivors] + q
+                kv_skip = int(c_left.sum()) + m_next
+                w_skip = (-1 if not self.window_tokens else
+                          int(window_kv_sums(c_left, np.ones(1, np.int64), self.window_tokens)[0]))
+                pair_skip = np.array([float(kv_skip)])
+                kv_arr = np.array([kv_skip])
+                d_skip = (step_times(m_next, pair_skip, kv_arr) if w_skip < 0 else
+                          step_times(m_next, pair_skip, kv_arr, np.array([w_skip])))
+                d_sched = np.concatenate((d_next[:n_pure], d_skip)) if n_pure else d_skip
+            else:
+                d_sched = d_next
+            starts = np.empty(k + 1)
+            starts[0] = t
+            starts[1] = d_inflight
+            starts[2:] = d_sched[:k - 1]
+            cut = self._cut_to_arrival(now, until_s, starts, k)
+            if cut is None:
+                break
+            k, delay = cut
+            starts = starts[:k + 1]
+            durations = np.concatenate(([d_inflight], d_sched[:k - 1]))
+            reqs = list(rb.reqs)
+            columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum)  # 5.
+            rb.n[:m] = 1
+            if k > q:  # the finishing turn: those skipped took q schedules, their last resolved
+                done = ~survivors
+                rb.computed[:m][done] -= 1
+                rb.tokens[:m][done] -= 1
+                rb.num_out[:m][done] -= 1
+                rb.ph[:m][done] = 0
+                finished = self._finish_in_run(columns, float(starts[k]), done)
+                if m_next:
+                    shape = StepShape(m_next, m_next, float(pair_skip[0]), kv_skip, m_next, 0, w_skip)
+                    d_inflight = float(d_skip[0])
+                else:  # the empty schedule commits at once (Replica.run_async): nothing in flight
+                    shape = None
+            else:
+                finished = []
+                j = k - 1
+                shape = StepShape(m, m, float(pairs_next[j]), int(kv_next[j]), m, 0,
+                                  -1 if w_next is None else int(w_next[j]))
+                d_inflight = float(d_sched[j])
+            parts.append(RunPart(columns, gaps, reqs, finished))
+            all_starts.append(starts)
+            turns += k
+            t = float(starts[k])
+            if not finished or not past or not rb.m or turns >= max_steps:
+                break
+            room = kv.decode_room()
+        if not parts:
             return None
-        c0 = rb.computed[:m]
-        events = self._decode_block_events(k, room)  # 3.
-        if events is None:
-            return None
-        k, ev_i, ev_j = events
-        c_sum = int(c0.sum())  # 4.
-        # the steps scheduled in the run, X+1..X+k
-        pairs_next, kv_next, w_next, d_next = self._decode_shapes(k, c_sum, step_times)
-        starts = np.empty(k + 1)
-        starts[0] = now
-        starts[1] = inflight_s
-        starts[2:] = d_next[:k - 1]
-        cut = self._cut_to_arrival(now, until_s, starts, k)
-        if cut is None:
-            return None
-        k, delay = cut
-        starts = starts[:k + 1]
-        durations = np.concatenate(([inflight_s], d_next[:k - 1]))
-        columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum)  # 5.
-        rb.n[:m] = 1
-        fl = self._inflight[0]  # X's record becomes X+k's: same samplers, same slots
-        fl.reach = rb.computed[:m].copy()
-        fl.version = rb.version
-        shape = StepShape(m, m, float(pairs_next[k - 1]), int(kv_next[k - 1]), m, 0,
-                          -1 if w_next is None else int(w_next[k - 1]))
+        self._pure = self._quiet = not finished  # a finishing turn's schedule skipped someone
+        m = rb.m
+        if shape is None:
+            self._inflight.clear()
+            self._gaps = None
+            return DecodeRun(delay, self._run_starts(all_starts), parts, None, 0.0, True)
+        # the step left in flight: every running request samples (the record X's commit reads)
+        self._inflight[0] = _InFlight(np.arange(m), list(rb.reqs), rb.computed[:m].copy(), rb.version,
+                                      rb.ids[:m].copy())
         nxt = Batch(shape, m, 0, m, 0, 0, None, [], [])
-        return DecodeRun(delay, starts, [RunPart(columns, gaps, list(rb.reqs), [])], nxt,
-                         float(d_next[k - 1]))
+        return DecodeRun(delay, self._run_starts(all_starts), parts, nxt, d_inflight, True)
+
+    @staticmethod
+    def _run_starts(parts: list[np.ndarray]) -> np.ndarray:
+        """The run's start times from its parts' (each part's end is the next one's start)."""
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate([*(x[:-1] for x in parts[:-1]), parts[-1]])
 
     def _decode_shapes(self, k: int, c_sum: int, step_times: Callable[..., np.ndarray]
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
@@ -849,16 +923,19 @@ class Scheduler:
             return None
         return k, delay
 
-    def _decode_block_events(self, k: int, room: int) -> tuple[int, np.ndarray, np.ndarray] | None:
+    def _decode_block_events(self, k: int, room: int, horizon: np.ndarray | None = None
+                             ) -> tuple[int, np.ndarray, np.ndarray] | None:
         """decode_run's step 3: the blocks k decode steps take, in the loop's order (step, then
         running order) as (request slot, step) pairs; k cut before the step whose block the free
-        queue (`room` blocks) cannot give. None: not even one step."""
+        queue (`room` blocks) cannot give. `horizon`: request i is scheduled in steps
+        0..horizon[i] - 1 only (default k). None: not even one step."""
         rb = self.running
         m = rb.m
         bs = self.kv.block_size
         c0 = rb.computed[:m]
         j0 = rb.capacity[:m] - c0  # the first step at which each request needs a block
-        cnt = np.where(j0 < k, (k - j0 + bs - 1) // bs, 0)
+        h = k if horizon is None else horizon
+        cnt = np.where(j0 < h, (h - j0 + bs - 1) // bs, 0)
         total = int(cnt.sum())
         if not total:
             return k, np.zeros(0, np.int64), np.zeros(0, np.int64)
