@@ -198,6 +198,11 @@ LIGHT = ["engine.enable_prefix_caching=false", "workload.num_requests=60", "mode
     # async, three replicas
     (["engine.async_scheduling=true", "engine.max_num_batched_tokens=512", "workload.arrival.rate=6",
       "cluster.replicas=3", "cluster.router=kv_aware"], 0.5),
+    # arrivals rejected (too long) during a run's last step: they end after the run's finishes
+    (["engine.enable_chunked_prefill=false", "workload.arrival.rate=2.0", "engine.max_model_len=1024",
+      "engine.max_num_batched_tokens=1024", "workload.prompt_tokens.mean=500"], 0.7),
+    (["engine.async_scheduling=true", "engine.max_num_batched_tokens=512", "workload.arrival.rate=2.0",
+      "engine.max_model_len=1024", "workload.prompt_tokens.mean=500"], 0.7),
     # P/D: a decode replica's run ends at its first finishing step (the pull queue watches)
     (["cluster.mode=disaggregated", "workload.arrival.rate=8"], 0.4),
 ])
@@ -213,6 +218,21 @@ def test_finishes_inside_decode_runs(mode, share):
     assert trace_e == trace_s
     counts = _run_counting(overrides)
     assert counts["finished_in_runs"] >= share * counts["finished"], counts
+
+
+@pytest.mark.parametrize("mode", [["engine.enable_chunked_prefill=false"],
+                                  ["engine.async_scheduling=false", "engine.max_num_batched_tokens=512"]])
+def test_one_replica_runs_take_the_step_an_arrival_comes_in(mode):
+    """One replica at light load: a run's last step may be the one during which the next
+    request arrives (it only joins the queue), so the loop takes about one step per request
+    (its admission), not three (admission, finish, the step the arrival came in)."""
+    overrides = [*LIGHT, *mode, "workload.arrival.rate=1.0"]
+    with tempfile.TemporaryDirectory() as tmp:
+        step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
+        event, trace_e = _outputs(overrides, "event", Path(tmp) / "e")
+    assert event == step and trace_e == trace_s
+    counts = _run_counting(overrides)
+    assert counts["loop"] <= 1.3 * counts["finished"], counts
 
 
 @pytest.mark.parametrize("model,gpu,tp", [("llama-2-7b", "a100-80gb", 1), ("llama-2-7b", "h100-sxm", 2)])

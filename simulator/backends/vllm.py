@@ -425,7 +425,7 @@ class VllmScheduler:
         return dict(self._scheduled)
 
     def decode_run(self, now: float, until_s: float, step_times, max_steps: int = 4096,
-                   inflight_s: float | None = None) -> None:
+                   inflight_s: float | None = None, straddle: bool = False) -> None:
         """vLLM's scheduler is driven step by step (the reference): no decode runs."""
         return None
 

@@ -57,6 +57,9 @@ class DecodeRun:
     next_batch: Any = None  # protocols.Batch, a pure decode of the requests left
     next_duration: float = 0.0  # its duration (the cost model's)
     pipelined: bool = False  # async scheduling: each step was scheduled when the one before began
+    # the last step ends after the next arrival (decode_run's `straddle`): its record's waiting
+    # count is the queue as the run's end finds it
+    straddles: bool = False
 
 
 # NOTE: a cost model whose step_time was replaced (a test's fixed step) is evaluated step by

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import simpy
 
 from simulator.engine.advance import ArrivalClock, decode_step_times
@@ -33,7 +34,8 @@ class Replica:
                  recorder: MetricsRecorder, max_model_len: int, *,
                  on_iteration: Callable[[], None] | None = None,
                  on_request_end: Callable[[Request], None] | None = None,
-                 trace: StepTrace | None = None, clock: ArrivalClock | None = None) -> None:
+                 trace: StepTrace | None = None, clock: ArrivalClock | None = None,
+                 solo: bool = False) -> None:
         self.env = env
         self.scheduler = scheduler
         self.kv = scheduler.kv
@@ -46,6 +48,9 @@ class Replica:
         # engine.advance event: pure-decode steps advance in runs that end before clock.next_s
         # (None: step by step, the reference)
         self.clock = clock
+        # the only replica (no router reads its state at an arrival, which only joins its queue):
+        # a decode run may end with the step during which the next arrival comes
+        self.solo = solo
         self.num_arrived = 0
         self.arrivals_done = False
         # P/D replica (engine/disagg.py): blocks held for or by KV transfers can leave a step with
@@ -113,8 +118,10 @@ class Replica:
                 self._wake = None
                 continue
             if clock is not None:
-                run = sched.decode_run(env.now, clock.next_s, self._decode_step_times)
+                run = sched.decode_run(env.now, clock.next_s, self._decode_step_times,
+                                       straddle=self.solo)
                 if run is not None:
+                    self._run_ended(run)
                     yield env.timeout(run.delay)
                     self._record_run(run)
                     continue
@@ -149,12 +156,24 @@ class Replica:
         """The durations of a decode run's steps (advance.decode_step_times on this cost model)."""
         return decode_step_times(self.cost, m, pairs, kv_tokens, window_kv_tokens)
 
-    def _record_run(self, run) -> None:
-        """After a decode run: per part, the requests it finished and its records as columns;
-        the trace rows."""
+    def _run_ended(self, run) -> None:
+        """Before a decode run's wait: the requests it finished, in step order (an arrival during
+        its last step, rejected, ends after them, as step by step)."""
         for part in run.parts:
             for req in part.finished:
                 self._ended(req)
+
+    def _record_run(self, run) -> None:
+        """After a decode run: per part its records as columns (a last step that straddled an
+        arrival records the queue as it is now, as step by step after that step); the trace
+        rows."""
+        if run.straddles:
+            columns = run.parts[-1].columns
+            k = len(columns["start_s"])
+            waiting = np.full(k, columns["num_waiting"])
+            waiting[-1] = self.scheduler.stats().num_waiting
+            columns["num_waiting"] = waiting
+        for part in run.parts:
             self.recorder.record_many(part.columns, part.gaps, len(part.reqs))
         if self.trace is not None:
             self.trace.decode_run(run)
@@ -225,8 +244,9 @@ class Replica:
             batch, duration = inflight
             if clock is not None:
                 run = sched.decode_run(env.now, clock.next_s, self._decode_step_times,
-                                       inflight_s=duration)
+                                       inflight_s=duration, straddle=self.solo)
                 if run is not None:
+                    self._run_ended(run)
                     yield env.timeout(run.delay)
                     self._record_run(run)
                     # None: the last ones left, the run's last schedule was empty

@@ -154,7 +154,7 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *,
     env = simpy.Environment()
     clock = ArrivalClock() if config.engine.advance == "event" else None
     replicas = [Replica(env, sched, s.cost, rec, s.engine.max_model_len, on_iteration=tick,
-                        trace=trace if n == 1 else None, clock=clock)
+                        trace=trace if n == 1 else None, clock=clock, solo=n == 1)
                 for sched, rec in zip(schedulers, recorders)]
     router = ROUTERS.build(s.cluster.router, s.params.router, "cluster.router_params",
                            RouterContext(n, config.engine.enable_prefix_caching,

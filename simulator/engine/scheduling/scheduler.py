@@ -628,7 +628,8 @@ class Scheduler:
         return finished
 
     def decode_run(self, now: float, until_s: float, step_times: Callable[..., np.ndarray],
-                   max_steps: int = 4096, inflight_s: float | None = None) -> DecodeRun | None:
+                   max_steps: int = 4096, inflight_s: float | None = None,
+                   straddle: bool = False) -> DecodeRun | None:
         """The next k pure-decode steps at once (engine/advance.py), or None when the next step
         may differ from the last (the caller then steps). Steps:
         1. precondition: the last step was a pure decode of every running request, committed
@@ -644,12 +645,14 @@ class Scheduler:
            before the step whose block the free queue (`decode_room`) cannot give;
         4. the durations (step_times over numpy) and start times (sequential float sums, as
            SimPy adds them); the run stops so its last step ends strictly before `until_s` (the
-           next arrival) and the end is reachable by one exact SimPy delay;
+           next arrival), or with `straddle` (an arrival only joins the queue) at the step that
+           ends after it, unless that step finishes someone; the end is reachable by one exact
+           SimPy delay;
         5. apply the part: blocks popped in order, counters advanced, the records as columns;
            a finishing step then finishes its requests as commit does (`_finish_in_run`: KV
            freed in running order, popped first by the next part's steps)."""
         if self.async_scheduling:
-            return self._decode_run_async(now, until_s, step_times, max_steps, inflight_s)
+            return self._decode_run_async(now, until_s, step_times, max_steps, inflight_s, straddle)
         rb = self.running
         m = rb.m
         if not m or self._cut_at == (now, until_s):
@@ -674,6 +677,7 @@ class Scheduler:
         t = now
         steps = 0
         delay = 0.0
+        straddled = False
         while True:
             m = rb.m
             left = int((rb.target_out[:m] - rb.num_out[:m]).min())  # steps through the next finish
@@ -689,10 +693,11 @@ class Scheduler:
             starts = np.empty(k + 1)
             starts[0] = t
             starts[1:] = durations
-            cut = self._cut_to_arrival(now, until_s, starts, k)
+            # a finishing step may not straddle the arrival: it would finish before the arrival
+            cut = self._cut_to_arrival(now, until_s, starts, k, (k - (k == left)) if straddle else 0)
             if cut is None:
                 break
-            k, delay = cut
+            k, delay, straddled = cut
             starts, durations = starts[:k + 1], durations[:k]
             reqs = list(rb.reqs)
             columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum)  # 5.
@@ -702,14 +707,14 @@ class Scheduler:
             all_starts.append(starts)
             steps += k
             t = float(starts[k])
-            if not finished or not past or not rb.m or steps >= max_steps:
+            if straddled or not finished or not past or not rb.m or steps >= max_steps:
                 break
             room = kv.decode_room()
         if not parts:
             return None
         self._pure = True  # as the loop leaves it after the run's last step
         self._quiet = not parts[-1].finished
-        return DecodeRun(delay, self._run_starts(all_starts), parts)
+        return DecodeRun(delay, self._run_starts(all_starts), parts, straddles=straddled)
 
     def _runs_past_finish(self) -> bool:
         """Whether the step after a finishing step of a sync decode run is sure to be a pure
@@ -758,7 +763,8 @@ class Scheduler:
         return finished
 
     def _decode_run_async(self, now: float, until_s: float, step_times: Callable[..., np.ndarray],
-                          max_steps: int, inflight_s: float | None) -> DecodeRun | None:
+                          max_steps: int, inflight_s: float | None, straddle: bool
+                          ) -> DecodeRun | None:
         """decode_run under async scheduling: with step X in flight (started at `now`, lasting
         `inflight_s`), k loop turns at once: schedule X+1..X+k, commit X..X+k-1; X+k is left
         in flight (returned as next_batch). Steps:
@@ -778,7 +784,8 @@ class Scheduler:
            none for a request its schedule skips;
         4. times: step X+j-1 ends at T_j = T_{j-1} + its duration (X's is `inflight_s`, the
            others the cost model's over numpy); schedule X+j runs at T_{j-1}; k stops so T_k
-           < until_s (the next arrival) and is reachable by one exact SimPy delay;
+           < until_s (the next arrival), or with `straddle` at the first turn ending after it
+           unless that turn's commit finishes someone; T_k is reachable by one exact SimPy delay;
         5. apply as decode_run; the tokens of step X+j-1 reach the client at T_j."""
         rb = self.running
         if not rb.m or not self._quiet or inflight_s is None or self._cut_at == (now, until_s):  # 1.
@@ -795,6 +802,7 @@ class Scheduler:
         t, d_inflight = now, inflight_s
         turns = 0
         delay = 0.0
+        straddled = False
         shape: StepShape | None = None
         finished: list[Request] = []
         while True:
@@ -835,10 +843,10 @@ class Scheduler:
             starts[0] = t
             starts[1] = d_inflight
             starts[2:] = d_sched[:k - 1]
-            cut = self._cut_to_arrival(now, until_s, starts, k)
+            cut = self._cut_to_arrival(now, until_s, starts, k, (k - (k > q)) if straddle else 0)
             if cut is None:
                 break
-            k, delay = cut
+            k, delay, straddled = cut
             starts = starts[:k + 1]
             durations = np.concatenate(([d_inflight], d_sched[:k - 1]))
             reqs = list(rb.reqs)
@@ -866,7 +874,7 @@ class Scheduler:
             all_starts.append(starts)
             turns += k
             t = float(starts[k])
-            if not finished or not past or not rb.m or turns >= max_steps:
+            if straddled or not finished or not past or not rb.m or turns >= max_steps:
                 break
             room = kv.decode_room()
         if not parts:
@@ -876,12 +884,12 @@ class Scheduler:
         if shape is None:
             self._inflight.clear()
             self._gaps = None
-            return DecodeRun(delay, self._run_starts(all_starts), parts, None, 0.0, True)
+            return DecodeRun(delay, self._run_starts(all_starts), parts, None, 0.0, True, straddled)
         # the step left in flight: every running request samples (the record X's commit reads)
         self._inflight[0] = _InFlight(np.arange(m), list(rb.reqs), rb.computed[:m].copy(), rb.version,
                                       rb.ids[:m].copy())
         nxt = Batch(shape, m, 0, m, 0, 0, None, [], [])
-        return DecodeRun(delay, self._run_starts(all_starts), parts, nxt, d_inflight, True)
+        return DecodeRun(delay, self._run_starts(all_starts), parts, nxt, d_inflight, True, straddled)
 
     @staticmethod
     def _run_starts(parts: list[np.ndarray]) -> np.ndarray:
@@ -905,23 +913,29 @@ class Scheduler:
         window = window_kv_sums(rb.computed[:m], j + 1, self.window_tokens)
         return pairs, kv_tokens, window, step_times(m, pairs, kv_tokens, window)
 
-    def _cut_to_arrival(self, now: float, until_s: float, starts: np.ndarray, k: int
-                        ) -> tuple[int, float] | None:
+    def _cut_to_arrival(self, now: float, until_s: float, starts: np.ndarray, k: int, straddle: int = 0
+                        ) -> tuple[int, float, bool] | None:
         """decode_run's step 4 end: `starts` (now, then the step durations) summed in place into
         start times as SimPy adds them; k stops so the last step ends strictly before `until_s`
-        (the next arrival) and that end is reachable by one exact SimPy delay: (k, delay), or
-        None when no step is left."""
+        (the next arrival), or, when it is one of the first `straddle` steps, at the step that
+        ends strictly after it; that end is reachable by one exact SimPy delay: (k, delay,
+        whether the last step straddles the arrival), or None when no step is left."""
         np.cumsum(starts, out=starts)
         k_arr = int(starts[1:].searchsorted(until_s, side="left"))
+        straddled = False
         if k_arr < k:
-            k = k_arr
-            self._cut_at = (float(starts[k]), until_s)
+            if k_arr < straddle and starts[k_arr + 1] > until_s:
+                k = k_arr + 1
+                straddled = True
+            else:
+                k = k_arr
+                self._cut_at = (float(starts[k]), until_s)
         if k < 1:
             return None
         delay = exact_delay(now, float(starts[k]))
         if delay is None:
             return None
-        return k, delay
+        return k, delay, straddled
 
     def _decode_block_events(self, k: int, room: int, horizon: np.ndarray | None = None
                              ) -> tuple[int, np.ndarray, np.ndarray] | None:
