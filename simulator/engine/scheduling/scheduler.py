@@ -41,6 +41,7 @@ import numpy as np
 from simulator.engine.advance import DecodeRun, RunPart, exact_delay
 from simulator.engine.costmodel import StepShape, window_kv_sums
 from simulator.engine.protocols import Batch, BatchingMode, KVCacheManager, QueuePolicy, SchedulerStats
+from simulator.engine.scheduling.queues.fcfs import FCFS
 from simulator.engine.scheduling.running import RunningBatch
 from simulator.workload.request import Request, Status
 
@@ -112,6 +113,10 @@ class Scheduler:
         # queue (vLLM's kv_holding_waiting; a preempted request at the queue's head cannot
         # block them)
         self.kv_holding: deque[Request] = deque()
+        # an arrival joins the tail of the waiting queue and only the head can be admitted next
+        # (fcfs, continuous batching, no CPU tier bringing requests back)
+        self._arrival_joins_tail = (type(queue) is FCFS and batching.admits_waiting
+                                    and offload is None)
 
     # --- queue side ----------------------------------------------------------------------
     def add_request(self, req: Request, holds_kv: bool = False) -> None:
@@ -120,9 +125,13 @@ class Scheduler:
         req.status = Status.WAITING
         if holds_kv:
             self.kv_holding.append(req)
-        else:
-            self.queue.push(req)
-        self._pure = self._quiet = False
+            self._pure = self._quiet = False
+            return
+        # NOTE: one joining the tail of a waiting fcfs queue changes no decision of the next step
+        # (its head waits, and this one behind it): decode runs may go on (`_arrival_joins_tail`)
+        if not (len(self.queue) and self._arrival_joins_tail):
+            self._pure = self._quiet = False
+        self.queue.push(req)
 
     @property
     def has_work(self) -> bool:
