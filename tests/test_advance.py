@@ -220,6 +220,28 @@ def test_finishes_inside_decode_runs(mode, share):
     assert counts["finished_in_runs"] >= share * counts["finished"], counts
 
 
+@pytest.mark.parametrize("mode", [
+    ["engine.enable_chunked_prefill=false"],
+    ["engine.async_scheduling=false", "engine.max_num_batched_tokens=512"],
+    ["engine.kv_allocator=contiguous", "engine.enable_chunked_prefill=false"],
+])
+def test_runs_go_on_while_the_queue_head_cannot_be_admitted(mode):
+    """Saturated (W3-like), a small pool: the fcfs head waits for KV room; a batch of decodes
+    with such a queue decodes again (arrivals join the tail, free blocks only fall), so the
+    loop takes about one step per request (its admission), plus the preempting steps."""
+    overrides = [*LIGHT, *mode, "workload.arrival.rate=40", "engine.num_gpu_blocks_override=400",
+                 "workload.num_requests=100"]
+    with tempfile.TemporaryDirectory() as tmp:
+        step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
+        event, trace_e = _outputs(overrides, "event", Path(tmp) / "e")
+    assert event == step and trace_e == trace_s
+    counts = _run_counting(overrides)
+    trace_steps = len(trace_s)
+    admissions = sum(1 for r in trace_s if r["admitted"])
+    preempting = sum(1 for r in trace_s if r["preempted"])
+    assert counts["loop"] <= admissions + preempting + 0.2 * counts["finished"], (counts, trace_steps)
+
+
 @pytest.mark.parametrize("mode", [["engine.enable_chunked_prefill=false"],
                                   ["engine.async_scheduling=false", "engine.max_num_batched_tokens=512"]])
 def test_one_replica_runs_take_the_step_an_arrival_comes_in(mode):

@@ -211,6 +211,11 @@ class KVCacheManager(KVCacheView, Protocol):
         every step must go through the loop)."""
         ...
 
+    def admission_fits(self, req: Request, num_new_tokens: int, full_sequence_must_fit: bool) -> bool:
+        """Whether a waiting request's first allocation could be served now, without side
+        effects (True where the manager cannot tell): a decode run's `_head_waits`."""
+        ...
+
     def take_decode_blocks(self, reqs: list[Request], times: list[float]) -> None:
         """One new block per entry, popped in order, stamped with its step's start time."""
         ...

@@ -115,6 +115,10 @@ class ContiguousAllocator:
         """Decoding stays inside each reservation; a step that would grow one ends the run."""
         return 0
 
+    def admission_fits(self, req: Request, num_new_tokens: int, full_sequence_must_fit: bool) -> bool:
+        """Whether allocate_slots could reserve a waiting request's region now (first fit)."""
+        return req.req_id in self.req_to_region or self.max_request_slots(req) <= self.largest_hole
+
     def take_decode_blocks(self, reqs: list[Request], times: list[float]) -> None:
         if reqs:
             raise AssertionError("contiguous reservations give decode runs no room to take")

@@ -202,6 +202,18 @@ class PagedAllocator:
         block filled by decoding is hashed and may be hit, so every step goes through the loop)."""
         return None if self.enable_prefix_caching else len(self.pool.free_queue)
 
+    def admission_fits(self, req: Request, num_new_tokens: int, full_sequence_must_fit: bool) -> bool:
+        """Whether allocate_slots could serve a waiting request's first allocation now (no side
+        effects; True where it cannot tell: a request holding blocks or prefix hits)."""
+        rid = req.req_id
+        if self.enable_prefix_caching or rid in self.req_to_blocks or rid in self._pending_hits:
+            return True
+        bs = self.block_size
+        free = self.pool.num_free_blocks
+        if full_sequence_must_fit and -(-req.num_tokens // bs) > free:
+            return False
+        return -(-num_new_tokens // bs) <= free
+
     def take_decode_blocks(self, reqs: list[Request], times: list[float]) -> None:
         """One new block for each entry, popped in order (as allocate_slots_many pops them
         step after step), stamped with its step's start time."""

@@ -666,14 +666,17 @@ class Scheduler:
         m = rb.m
         if not m or self._cut_at == (now, until_s):
             return None
+        kv = self.kv
         if not self._quiet:
-            # an empty queue admits nobody whatever the free blocks: a batch of decodes only
-            # (each one token to compute, the budget holding them all) decodes again
-            if (len(self.queue) or self.kv_holding or m > self.max_num_batched_tokens
+            # an empty queue admits nobody whatever the free blocks, nor does one whose head
+            # cannot be admitted now (free blocks only fall in a run, arrivals join the tail):
+            # a batch of decodes only (each one token to compute, the budget holding them
+            # all) decodes again
+            if (self.kv_holding or m > self.max_num_batched_tokens
+                    or (len(self.queue) and not self._head_waits(m))
                     or np.count_nonzero(rb.tokens[:m] - rb.computed[:m] == 1) < m
                     or np.count_nonzero(rb.num_out[:m]) < m):
                 return None
-        kv = self.kv
         room = kv.decode_room()
         if room is None:
             return None
@@ -724,6 +727,26 @@ class Scheduler:
         self._pure = True  # as the loop leaves it after the run's last step
         self._quiet = not parts[-1].finished
         return DecodeRun(delay, self._run_starts(all_starts), parts, straddles=straddled)
+
+    def _head_waits(self, m: int) -> bool:
+        """Whether the next step's admission (step 3 of `schedule`, or the prompts of
+        `_schedule_prefill_first`) surely admits nobody while m running requests decode: an
+        fcfs queue (arrivals join its tail), no swapped or CPU-tier head, and the head does not
+        fit the budget, the sequence cap or the KV manager's room (kv.admission_fits)."""
+        if not self._arrival_joins_tail or self.kv.decode_room() is None:
+            return False
+        budget = self.max_num_batched_tokens - (m if self.chunked_prefill else 0)
+        if m >= self.max_num_seqs or budget <= 0:
+            return True
+        req = self.queue.peek()
+        if req is None:
+            return True
+        if req.num_computed_tokens or (self.swap is not None and self.swap.holds(req)):
+            return False
+        num_new = req.num_tokens
+        if not self.chunked_prefill and num_new > budget:
+            return True
+        return not self.kv.admission_fits(req, min(num_new, budget), self.reserve_full_isl)
 
     def _runs_past_finish(self) -> bool:
         """Whether the step after a finishing step of a sync decode run is sure to be a pure
