@@ -7,7 +7,9 @@ duration and the KV blocks it takes are closed-form functions of the step index 
     num_tokens = num_sampled = m,  kv_tokens = C + m (j + 1),  attn_pairs = C + m j + m
 (C = sum of the computed tokens at the first step). `Scheduler.decode_run` finds how many such
 steps k come before the next event, applies them in one pass and returns what the replica
-records (docs/performance.md states the invariants and how k is found).
+records (docs/performance.md states the invariants and how k is found). A run goes in parts
+(`RunPart`): a part's last step may finish requests (they leave, their blocks are freed as commit
+frees them), and the next part is the same closed form over the batch left.
 
 This module holds what the run needs besides the scheduler: the step durations over numpy
 arrays (the cost model's own tables, element-wise equal to CostModel.step_time) and the one
