@@ -93,6 +93,7 @@ class Scheduler:
         self._finishing: set[int] = set()  # async: preempted with their last token in flight
         self.running = RunningBatch(max_num_seqs, async_scheduling)
         self._ones = np.ones(max_num_seqs, np.int64)  # sums as dot products (exact, cheaper)
+        self._step_sampled: tuple[np.ndarray, int] | None = None  # sync: the step's samplers
         self.num_preemptions = 0
         self.num_swapped = 0
         self._admitted: list[tuple[int, int]] = []  # (req_id, prefix-hit tokens), this step
@@ -425,9 +426,12 @@ class Scheduler:
         c = rb.computed[:m]
         ones = self._ones[:m]
         reach = c + n
-        scheduled = n > 0
         sampled = reach >= rb.tokens[:m]
-        sampled &= scheduled
+        num_seqs = _nnz(n)
+        scheduled = None  # None: every running request is scheduled
+        if num_seqs < m:
+            scheduled = n.astype(bool)  # n > 0 (n >= 0)
+            sampled &= scheduled
         t = (n @ ones).item()
         num_sampled = _nnz(sampled)
         w = self.window_tokens
@@ -435,33 +439,35 @@ class Scheduler:
             # every request samples and the m tokens are one each (n == 1 everywhere): the
             # general sums below in fewer numpy calls (n @ c = sum c, n @ (n + 1) = 2 m)
             decodes = _nnz(rb.num_out[:m])
-            num_seqs = m
             c_sum = (c @ ones).item()
             attn_pairs = float(c_sum) + float(2 * m) / 2.0
             kv_tokens = c_sum + m
             window = int(np.minimum(reach, w).sum()) if w else -1
         else:
-            one = n == 1
+            one = n == ones
             one &= sampled
             decodes = _nnz(rb.num_out[:m][one])
-            num_seqs = _nnz(scheduled)
             attn_pairs = float((n @ c).item()) + float((n @ n).item() + t) / 2.0  # n @ (n + 1), exact
-            # sum of reach over the scheduled: all of them, or the reach of those left out subtracted
-            kv_tokens = (c @ ones).item() + t
-            if num_seqs < m:
-                kv_tokens -= (c @ ~scheduled).item()
-            window = int(np.minimum(reach, w) @ scheduled) if w else -1
+            if scheduled is None:
+                kv_tokens = (c @ ones).item() + t
+                window = int(np.minimum(reach, w).sum()) if w else -1
+            else:  # the sums over the scheduled only
+                r = reach[scheduled]
+                kv_tokens = (r @ ones[:num_seqs]).item()
+                window = int(np.minimum(r, w).sum()) if w else -1
         self._pure = (decodes == m == t and not preempted and not num_admitted
                       and not self.step_swap_s)
         shape = StepShape(t, num_sampled, attn_pairs, kv_tokens, num_seqs, t - decodes, window)
         if self.async_scheduling:
-            self._launch(scheduled, sampled, reach)
+            self._launch(n, sampled, reach)
+        else:  # commit reads them (nothing changes the batch while the step runs)
+            self._step_sampled = (sampled, num_sampled)
         return Batch(shape, num_seqs, t - decodes, decodes,
                      len(preempted), num_admitted, None if self.swap is None else self.step_swap_s,
                      preempted, self._admitted,
                      None if self.offload is None or t else self.offload.next_event_s())
 
-    def _launch(self, scheduled: np.ndarray, sampled: np.ndarray, reach: np.ndarray) -> None:
+    def _launch(self, n: np.ndarray, sampled: np.ndarray, reach: np.ndarray) -> None:
         """Async: the step just scheduled goes in flight (vLLM's _update_after_schedule):
         computed tokens advance now, each request that samples gets an output placeholder, and
         the step's samplers wait for its commit (`_inflight`)."""
@@ -470,7 +476,7 @@ class Scheduler:
         caching = self.kv.caches_full_blocks
         if caching:
             tok = rb.tokens[:m] - rb.ph[:m]
-            np.maximum(rb.hashed[:m], np.where(scheduled, np.minimum(reach, tok), 0),
+            np.maximum(rb.hashed[:m], np.where(n > 0, np.minimum(reach, tok), 0),
                        out=rb.hashed[:m])
         rb.computed[:m] = reach
         rb.cols[TOKENS:PH + 1, :m] += sampled  # tokens, num_out, ph
@@ -489,15 +495,19 @@ class Scheduler:
         n = rb.n[:m]
         c = rb.computed[:m]
         c += n
-        sampled = c >= rb.tokens[:m]
-        sampled &= n > 0
-        num_sampled = _nnz(sampled)
+        if self._step_sampled is not None and len(self._step_sampled[0]) == m:
+            sampled, num_sampled = self._step_sampled  # _summarise's: (n > 0) & (c + n >= tokens)
+        else:
+            sampled = c >= rb.tokens[:m]
+            sampled &= n > 0
+            num_sampled = _nnz(sampled)
+        self._step_sampled = None
         out = rb.num_out[:m]
         last = rb.last_token[:m]
         if num_sampled == m and m:
             # every running request samples (a decode step): the masks below without `sampled`
             rb.cols[TOKENS:NUM_OUT + 1, :m] += 1  # tokens and num_out
-            firsts = out == 1
+            firsts = out == self._ones[:m]
             num_first = _nnz(firsts)
             if num_first:
                 self._gaps = now - last[~firsts] if num_first < m else None
@@ -601,7 +611,7 @@ class Scheduler:
                 rb.ph[idx] = ph
                 last = rb.last_token[idx]
             mat = rb.num_out[sel] - ph
-            first = mat == 1
+            first = mat == self._ones[:k]
             if _nnz(first):
                 gaps = now - last[~first]
                 reqs = rb.reqs
