@@ -11,7 +11,9 @@ tokens of steps in flight; `hashed` = tokens whose full blocks the prefix cache 
 The materialized counts (what the client has) are tokens - ph and num_out - ph.
 
 The integer columns are the rows of one matrix (`cols`), so a request leaving shifts them all in
-one numpy call, and tokens / num_out / ph (rows 1-3) advance together by a row-block add.
+one numpy call; row 0 is all ones, so `cols[:3, :m] @ cols[:3, :m].T` holds every sum a step's
+summary needs (m, sum c, sum n, c @ n, n @ n) in one call, and tokens / num_out / ph (rows 3-5)
+advance together by a row-block add.
 `version` counts departures only: an append leaves every other request in its slot, so a slot
 taken at one step still names the same request later while the version is unchanged.
 """
@@ -22,15 +24,17 @@ import numpy as np
 
 from simulator.workload.request import Request
 
-# rows of RunningBatch.cols; TOKENS:PH + 1 is the block the samplers of a step advance
-COMPUTED, TOKENS, NUM_OUT, PH, TARGET_OUT, CAPACITY, N, HASHED, IDS = range(9)
+# rows of RunningBatch.cols; ONE is all ones; TOKENS:PH + 1 is the block a step's samplers advance
+ONE, COMPUTED, N, TOKENS, NUM_OUT, PH, TARGET_OUT, CAPACITY, HASHED, IDS = range(10)
 
 
 class RunningBatch:
     def __init__(self, max_num_seqs: int, async_scheduling: bool = False) -> None:
         self.reqs: list[Request] = []
         self.version = 0  # bumped whenever a request leaves (the slots after it shift)
-        self.cols = cols = np.zeros((9, max_num_seqs), np.int64)
+        self.cols = cols = np.zeros((10, max_num_seqs), np.int64)
+        cols[ONE] = 1
+        self.ones = cols[ONE]  # never written
         self.computed = cols[COMPUTED]
         self.tokens = cols[TOKENS]
         self.num_out = cols[NUM_OUT]
@@ -50,8 +54,8 @@ class RunningBatch:
     def append(self, req: Request, num_computed: int, capacity: int) -> int:
         i = len(self.reqs)
         self.reqs.append(req)
-        self.cols[:, i] = (num_computed, req.num_tokens, req.num_output_tokens, 0, req.output_tokens,
-                           capacity, 0, num_computed, req.req_id)
+        self.cols[COMPUTED:, i] = (num_computed, 0, req.num_tokens, req.num_output_tokens, 0,
+                                   req.output_tokens, capacity, num_computed, req.req_id)
         self.last_token[i] = req.last_token_s
         return i
 

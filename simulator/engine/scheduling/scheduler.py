@@ -41,7 +41,7 @@ import numpy as np
 from simulator.engine.advance import DecodeRun, exact_delay
 from simulator.engine.costmodel import StepShape, window_kv_sums
 from simulator.engine.protocols import Batch, BatchingMode, KVCacheManager, QueuePolicy, SchedulerStats
-from simulator.engine.scheduling.running import NUM_OUT, PH, TOKENS, RunningBatch
+from simulator.engine.scheduling.running import CAPACITY, COMPUTED, NUM_OUT, PH, TOKENS, N, RunningBatch
 from simulator.workload.request import Request, Status
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ class Scheduler:
         self._inflight: deque[_InFlight] = deque()  # async: scheduled steps not yet committed
         self._finishing: set[int] = set()  # async: preempted with their last token in flight
         self.running = RunningBatch(max_num_seqs, async_scheduling)
-        self._ones = np.ones(max_num_seqs, np.int64)  # sums as dot products (exact, cheaper)
+        self._ones = self.running.ones  # sums as dot products (exact, cheaper than reductions)
         self._step_sampled: tuple[np.ndarray, int] | None = None  # sync: the step's samplers
         self.num_preemptions = 0
         self.num_swapped = 0
@@ -259,11 +259,12 @@ class Scheduler:
                 at = needers + i if i else needers
                 idx = at.tolist()
                 reqs = rb.reqs
+                sub = rb.cols[:, at].tolist()  # every column of the needers, one call
                 tokens = None
                 if caching:  # the token counts only matter for hashing
-                    tokens = (rb.tokens[at] - rb.ph[at] if asynchronous else rb.tokens[at]).tolist()
-                caps = kv.allocate_slots_many([reqs[j] for j in idx], n[needers].tolist(),
-                                              computed[needers].tolist(), tokens)
+                    tokens = ([a - b for a, b in zip(sub[TOKENS], sub[PH])] if asynchronous
+                              else sub[TOKENS])
+                caps = kv.allocate_slots_many([reqs[j] for j in idx], sub[N], sub[COMPUTED], tokens)
                 served = len(caps)
                 if served == len(idx):
                     rb.capacity[at] = caps
@@ -432,14 +433,14 @@ class Scheduler:
         if num_seqs < m:
             scheduled = n.astype(bool)  # n > 0 (n >= 0)
             sampled &= scheduled
-        t = (n @ ones).item()
         num_sampled = _nnz(sampled)
+        x = rb.cols[:N + 1, :m]  # ones, c, n
+        (_, c_sum, t), (_, _, c_n), (_, _, n_n) = x.dot(x.T).tolist()  # exact integer sums
         w = self.window_tokens
         if t == num_sampled == m:
             # every request samples and the m tokens are one each (n == 1 everywhere): the
             # general sums below in fewer numpy calls (n @ c = sum c, n @ (n + 1) = 2 m)
             decodes = _nnz(rb.num_out[:m])
-            c_sum = (c @ ones).item()
             attn_pairs = float(c_sum) + float(2 * m) / 2.0
             kv_tokens = c_sum + m
             window = int(np.minimum(reach, w).sum()) if w else -1
@@ -447,9 +448,9 @@ class Scheduler:
             one = n == ones
             one &= sampled
             decodes = _nnz(rb.num_out[:m][one])
-            attn_pairs = float((n @ c).item()) + float((n @ n).item() + t) / 2.0  # n @ (n + 1), exact
+            attn_pairs = float(c_n) + float(n_n + t) / 2.0  # n @ (n + 1), exact
             if scheduled is None:
-                kv_tokens = (c @ ones).item() + t
+                kv_tokens = c_sum + t
                 window = int(np.minimum(reach, w).sum()) if w else -1
             else:  # the sums over the scheduled only
                 r = reach[scheduled]
@@ -888,7 +889,8 @@ class Scheduler:
         # KV slots holding token states: the allocated slots less each running request's unused
         # tail (capacity - computed). Shared prefix blocks are full and counted once, unlike a
         # sum of computed tokens.
-        stored = kv.used_slots - ((rb.capacity[:m] - rb.computed[:m]) @ self._ones[:m]).item()
+        sums = rb.cols[:CAPACITY + 1, :m] @ self._ones[:m]
+        stored = kv.used_slots - (sums.item(CAPACITY) - sums.item(COMPUTED))
         swap = None if self.swap is None else self.swap.stats()
         return SchedulerStats(m, len(self.queue) + len(self.kv_holding), stored, kv,
                               self.num_preemptions, self._gaps, swap,
