@@ -93,7 +93,8 @@ class Scheduler:
         self._finishing: set[int] = set()  # async: preempted with their last token in flight
         self.running = RunningBatch(max_num_seqs, async_scheduling)
         self._ones = self.running.ones  # sums as dot products (exact, cheaper than reductions)
-        self._step_sampled: tuple[np.ndarray, int] | None = None  # sync: the step's samplers
+        # sync: the step's samplers, their count and its decodes (_summarise's, for commit)
+        self._step_sampled: tuple[np.ndarray, int, int] | None = None
         self.num_preemptions = 0
         self.num_swapped = 0
         self._admitted: list[tuple[int, int]] = []  # (req_id, prefix-hit tokens), this step
@@ -462,7 +463,7 @@ class Scheduler:
         if self.async_scheduling:
             self._launch(n, sampled, reach)
         else:  # commit reads them (nothing changes the batch while the step runs)
-            self._step_sampled = (sampled, num_sampled)
+            self._step_sampled = (sampled, num_sampled, decodes)
         return Batch(shape, num_seqs, t - decodes, decodes,
                      len(preempted), num_admitted, None if self.swap is None else self.step_swap_s,
                      preempted, self._admitted,
@@ -496,20 +497,26 @@ class Scheduler:
         n = rb.n[:m]
         c = rb.computed[:m]
         c += n
-        if self._step_sampled is not None and len(self._step_sampled[0]) == m:
-            sampled, num_sampled = self._step_sampled  # _summarise's: (n > 0) & (c + n >= tokens)
+        step = self._step_sampled
+        self._step_sampled = None
+        decodes = -1  # not known
+        if step is not None and len(step[0]) == m:
+            # _summarise's: (n > 0) & (c + n >= tokens), and how many were one-token decodes
+            sampled, num_sampled, decodes = step
         else:
             sampled = c >= rb.tokens[:m]
             sampled &= n > 0
             num_sampled = _nnz(sampled)
-        self._step_sampled = None
         out = rb.num_out[:m]
         last = rb.last_token[:m]
         if num_sampled == m and m:
             # every running request samples (a decode step): the masks below without `sampled`
             rb.cols[TOKENS:NUM_OUT + 1, :m] += 1  # tokens and num_out
-            firsts = out == self._ones[:m]
-            num_first = _nnz(firsts)
+            if decodes == m:  # every one had an output already: no first token
+                num_first = 0
+            else:
+                firsts = out == self._ones[:m]
+                num_first = _nnz(firsts)
             if num_first:
                 self._gaps = now - last[~firsts] if num_first < m else None
                 for i in firsts.nonzero()[0].tolist():
