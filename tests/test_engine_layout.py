@@ -70,14 +70,16 @@ def test_implementations_have_every_protocol_member():
     from helpers import make_scheduler
 
     from simulator.engine import protocols as p
-    from simulator.engine.kvcache import ContiguousAllocator, PagedAllocator
+    from simulator.engine.kvcache import BlockPool, ContiguousAllocator, PagedAllocator
     from simulator.engine.kvcache.eviction import EVICTION_POLICIES
     from simulator.engine.protocols import QueueContext, RouterContext
     from simulator.engine.routers import ROUTERS
     from simulator.engine.scheduling import BATCHING_MODES, QUEUE_POLICIES
 
     sched = make_scheduler()
-    pool = sched.kv.pool
+    # NOTE: a policy runs on a BlockPool only (make_block_pool); the scheduler's default pool here
+    # is the unhashed one (no prefix caching), which has no policy and keeps no access times
+    pool = BlockPool(3)
     queue_params = {"tiered": {"tiers": [{"max_prompt_tokens": 8, "max_seq_share": 0.5}, {}]}}
     cases = [(p.KVCacheManager, PagedAllocator(5, 4)), (p.KVCacheManager, ContiguousAllocator(64, "oracle")),
              (p.SchedulerInterface, sched)]

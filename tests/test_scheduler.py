@@ -142,3 +142,42 @@ def test_static_batching_in_prefill_first_steps(vectorized):
     continuous = make_scheduler(num_blocks=40, budget=8, max_num_seqs=2, chunked_prefill=False,
                                 vectorized=vectorized)
     assert drive(continuous, arrivals)[2:4] == [(2, {2: 4}, [], []), (3, {0: 1, 2: 1}, [], [2])]
+
+
+def test_running_batch_departures_shift_every_column_and_bump_the_version():
+    """RunningBatch: appends keep every slot (version unchanged), a departure (remove or
+    compress) shifts all columns together and bumps the version; the ones row stays ones; a
+    list handed out before a departure is not changed by it (async steps in flight keep it)."""
+    from simulator.engine.scheduling.running import RunningBatch
+    from simulator.workload.request import Request
+
+    rng = np.random.default_rng(3)
+    rb = RunningBatch(16, async_scheduling=True)
+    live: list[Request] = []
+    for step in range(200):
+        if len(live) < 16 and (not live or rng.random() < 0.5):
+            req = Request(step, 0.0, int(rng.integers(1, 50)), int(rng.integers(1, 20)))
+            v = rb.version
+            slot = rb.append(req, int(rng.integers(0, req.num_tokens)), 16 * step)
+            assert slot == len(live) and rb.version == v
+            live.append(req)
+        else:
+            before = rb.reqs
+            snapshot = list(before)
+            v = rb.version
+            if rng.random() < 0.5:
+                i = int(rng.integers(0, len(live)))
+                rb.remove(i)
+                live.pop(i)
+            else:
+                keep = rng.random(len(live)) < 0.6
+                rb.compress(keep)
+                live = [r for r, k in zip(live, keep) if k]
+            assert rb.version == v + 1 and before == snapshot
+        m = rb.m
+        assert rb.reqs == live
+        assert rb.ids[:m].tolist() == [r.req_id for r in live]
+        assert rb.tokens[:m].tolist() == [r.num_tokens for r in live]
+        assert rb.capacity[:m].tolist() == [16 * r.req_id for r in live]
+        assert rb.target_out[:m].tolist() == [r.output_tokens for r in live]
+        assert (rb.ones == 1).all()

@@ -249,14 +249,19 @@ class MetricsRecorder:
     # --- appending ------------------------------------------------------------------------
     def record(self, step: StepRecord) -> None:
         """One engine step (StepRecord's fields; its token gaps join the gap counts)."""
+        n = self._n
         self._rows.append(_ROW(step))
-        self._row_at.append(self._n)
-        self._n += 1
+        self._row_at.append(n)
+        self._n = n + 1
         self.num_steps += 1
-        if self._n >= _CHUNK_ROWS:
+        if n + 1 >= _CHUNK_ROWS:
             self._seal()
-        if step.token_gaps is not None:
-            self.add_token_gaps(step.token_gaps)
+        gaps = step.token_gaps
+        if gaps is not None:  # add_token_gaps, inlined (every step)
+            self._gap_buffer.append(gaps)
+            self._gap_buffered += len(gaps)
+            if self._gap_buffered >= 1 << 16:
+                self._compress_gaps()
 
     def record_many(self, columns: dict[str, np.ndarray | np.generic | None], gaps: np.ndarray,
                     gaps_per_step: np.ndarray | int) -> None:

@@ -23,6 +23,11 @@ import numpy as np
 from simulator.config.registry import Registry
 from simulator.engine.kvcache.eviction import EVICTION_POLICIES
 
+try:  # NOTE: np.count_nonzero's C function, without its Python wrapper (~0.6 us a call, hot path)
+    from numpy._core.multiarray import count_nonzero as _nnz
+except ImportError:  # numpy < 2
+    _nnz = np.count_nonzero
+
 
 class BlockPool:
     def __init__(self, num_blocks: int, eviction: str = "lru",
@@ -157,9 +162,9 @@ class FreeStack:
 class UnhashedBlockPool:
     """BlockPool for `lru` without prefix caching (PagedAllocator picks it, `make_block_pool`):
     no block is ever hashed, so nothing is cached or evicted and the free queue is a FreeStack.
-    Allocation and release cost O(numpy calls) per request, not per block; same block ids in
-    the same order as BlockPool. Per-block metadata are numpy arrays (`last_access_s`,
-    `freed_s`, `num_hits` are kept for parity with BlockPool; no policy reads them here)."""
+    Allocation and release cost a few numpy calls per request, not per block; same block ids in
+    the same order as BlockPool. Ref counts are a numpy array (0 or 1: nothing is shared);
+    no eviction policy runs here, so no per-block access times or hit counts are kept."""
 
     num_evictions = 0
 
@@ -170,9 +175,6 @@ class UnhashedBlockPool:
         self.now = 0.0
         self.ref_cnt = np.zeros(num_blocks, np.int32)
         self.ref_cnt[0] = 1  # null block, permanently held
-        self.last_access_s = np.zeros(num_blocks)
-        self.freed_s = np.zeros(num_blocks)
-        self.num_hits = np.zeros(num_blocks, np.int32)
         self.block_hash: list[int | None] = [None] * num_blocks
         self.free_queue = FreeStack(range(1, num_blocks))
         self.evicted_idle_s = array("d")
@@ -191,33 +193,30 @@ class UnhashedBlockPool:
         raise AssertionError("an unhashed pool does not cache blocks (prefix caching is off)")
 
     def get_new_blocks(self, n: int) -> list[int]:
-        return self.get_new_array(n).tolist()
+        """The n head blocks (head first), held: one slice of the stack, one ref-count write."""
+        fq = self.free_queue
+        top = fq._top
+        if n > top:
+            raise ValueError(f"asked for {n} blocks, {top} free")
+        low = top - n
+        taken = fq._stack[low:top]  # head last
+        self.ref_cnt[taken] = 1
+        fq._top = low
+        return taken[::-1].tolist()
 
     def stamp_access(self, block_ids: list[int], times: list[float]) -> None:
-        self.last_access_s[block_ids] = times
-
-    def get_new_array(self, n: int) -> np.ndarray:
-        """get_new_blocks as an int32 array (head first)."""
-        if n > self.free_queue._top:
-            raise ValueError(f"asked for {n} blocks, {self.free_queue._top} free")
-        out = self.free_queue.pop_many(n)
-        self.ref_cnt[out] = 1
-        self.num_hits[out] = 0
-        self.last_access_s[out] = self.now
-        return out
+        """No policy reads access times here (BlockPool keeps them)."""
 
     def free_blocks(self, ordered_blocks) -> None:
-        """BlockPool.free_blocks: every block reaching ref count 0 goes to the head, in order."""
-        b = np.asarray(ordered_blocks, np.int32)
-        if not len(b):
+        """BlockPool.free_blocks: every block reaching ref count 0 goes to the head, in order
+        (every held block has ref count 1 here, so all of them do)."""
+        if not len(ordered_blocks):
             return
-        rc = self.ref_cnt[b] - 1
-        if (rc < 0).any():
-            raise AssertionError(f"block {int(b[rc < 0][0])} freed twice")
-        self.ref_cnt[b] = rc
-        zero = b[rc == 0]
-        self.freed_s[zero] = self.now
-        self.free_queue.prepend_many(zero)
+        b = np.array(ordered_blocks, np.int32)
+        if _nnz(self.ref_cnt[b]) < len(b):
+            raise AssertionError(f"block {int(b[self.ref_cnt[b] == 0][0])} freed twice")
+        self.ref_cnt[b] = 0
+        self.free_queue.prepend_many(b)
 
     @property
     def usage(self) -> float:

@@ -145,23 +145,22 @@ class PagedAllocator:
         `num_tokens`: each request's current token count (default req.num_tokens)."""
         bs = self.block_size
         pool = self.pool
-        free = pool.num_free_blocks
+        room = pool.num_free_blocks
         tables = self.req_to_blocks
-        needs = []
+        served = []  # (request, its table, blocks it needs) in order
+        total = 0
         for req, n, c in zip(reqs, num_new, num_computed):
             table = tables.get(req.req_id)
             need = -(-(c + n) // bs) - (len(table) if table else 0)
-            if need > free:
+            if need > room - total:
                 break
-            free -= need
-            needs.append(need)
-        new = pool.get_new_blocks(sum(needs))
+            total += need
+            served.append((req, table, need))
+        new = pool.get_new_blocks(total) if total else []
         caps = []
         pos = 0
         caching = self.enable_prefix_caching
-        for k, need in enumerate(needs):
-            req = reqs[k]
-            table = tables.get(req.req_id)
+        for k, (req, table, need) in enumerate(served):
             if table is None:
                 table = tables[req.req_id] = []
                 self._num_cached[req.req_id] = 0

@@ -9,6 +9,13 @@ vLLM's Request does under its AsyncScheduler: `ph` = outputs in flight (vLLM's
 num_output_placeholders), counted in `tokens` and `num_out` already; `computed` includes the
 tokens of steps in flight; `hashed` = tokens whose full blocks the prefix cache has hashed.
 The materialized counts (what the client has) are tokens - ph and num_out - ph.
+
+The integer columns are the rows of one matrix (`cols`), so a request leaving shifts them all in
+one numpy call; row 0 is all ones, so `cols[:3, :m] @ cols[:3, :m].T` holds every sum a step's
+summary needs (m, sum c, sum n, c @ n, n @ n) in one call, and tokens / num_out / ph (rows 3-5)
+advance together by a row-block add.
+`version` counts departures only: an append leaves every other request in its slot, so a slot
+taken at one step still names the same request later while the version is unchanged.
 """
 
 from __future__ import annotations
@@ -17,27 +24,28 @@ import numpy as np
 
 from simulator.workload.request import Request
 
+# rows of RunningBatch.cols; ONE is all ones; TOKENS:PH + 1 is the block a step's samplers advance
+ONE, COMPUTED, N, TOKENS, NUM_OUT, PH, TARGET_OUT, CAPACITY, HASHED, IDS = range(10)
+
 
 class RunningBatch:
     def __init__(self, max_num_seqs: int, async_scheduling: bool = False) -> None:
         self.reqs: list[Request] = []
-        self.version = 0  # bumped whenever membership or order changes (async commits check it)
-        self.computed = np.zeros(max_num_seqs, np.int64)
-        self.tokens = np.zeros(max_num_seqs, np.int64)
-        self.num_out = np.zeros(max_num_seqs, np.int64)
-        self.target_out = np.zeros(max_num_seqs, np.int64)
-        self.capacity = np.zeros(max_num_seqs, np.int64)
-        self.n = np.zeros(max_num_seqs, np.int64)  # tokens scheduled this step
+        self.version = 0  # bumped whenever a request leaves (the slots after it shift)
+        self.cols = cols = np.zeros((10, max_num_seqs), np.int64)
+        cols[ONE] = 1
+        self.ones = cols[ONE]  # never written
+        self.computed = cols[COMPUTED]
+        self.tokens = cols[TOKENS]
+        self.num_out = cols[NUM_OUT]
+        self.ph = cols[PH]  # async: outputs in flight
+        self.target_out = cols[TARGET_OUT]
+        self.capacity = cols[CAPACITY]
+        self.n = cols[N]  # tokens scheduled this step
+        self.hashed = cols[HASHED]  # async: tokens of hashed full blocks
+        self.ids = cols[IDS]  # async: req_id (commits find their samplers)
         self.last_token = np.zeros(max_num_seqs, np.float64)
-        self.ph = np.zeros(max_num_seqs, np.int64)  # async: outputs in flight
-        self.hashed = np.zeros(max_num_seqs, np.int64)  # async: tokens of hashed full blocks
-        self.ids = np.zeros(max_num_seqs, np.int64)  # async: req_id (commits find their samplers)
-        self._cols = (self.computed, self.tokens, self.num_out, self.target_out, self.capacity,
-                      self.n, self.last_token) + ((self.ph, self.hashed, self.ids)
-                                                  if async_scheduling else ())
-
-    def _columns(self) -> tuple[np.ndarray, ...]:
-        return self._cols
+        self.async_scheduling = async_scheduling
 
     @property
     def m(self) -> int:
@@ -46,37 +54,33 @@ class RunningBatch:
     def append(self, req: Request, num_computed: int, capacity: int) -> int:
         i = len(self.reqs)
         self.reqs.append(req)
-        self.computed[i] = num_computed
-        self.tokens[i] = req.num_tokens
-        self.num_out[i] = req.num_output_tokens
-        self.target_out[i] = req.output_tokens
-        self.capacity[i] = capacity
-        self.n[i] = 0
+        self.cols[COMPUTED:, i] = (num_computed, 0, req.num_tokens, req.num_output_tokens, 0,
+                                   req.output_tokens, capacity, num_computed, req.req_id)
         self.last_token[i] = req.last_token_s
-        self.ph[i] = 0
-        self.hashed[i] = num_computed
-        self.ids[i] = req.req_id
-        self.version += 1
         return i
 
     def write_back(self, i: int) -> Request:
         req = self.reqs[i]
-        req.num_computed_tokens = int(self.computed[i])
-        req.num_output_tokens = int(self.num_out[i])
-        req.last_token_s = float(self.last_token[i])
+        req.num_computed_tokens = self.computed.item(i)
+        req.num_output_tokens = self.num_out.item(i)
+        req.last_token_s = self.last_token.item(i)
         return req
 
     def remove(self, i: int) -> None:
         m = len(self.reqs)
-        for col in self._columns():
-            col[i:m - 1] = col[i + 1:m]
-        self.reqs.pop(i)
+        cols = self.cols
+        cols[:, i:m - 1] = cols[:, i + 1:m]
+        self.last_token[i:m - 1] = self.last_token[i + 1:m]
+        # a new list (not popped in place): a step in flight keeps the list it was scheduled from
+        self.reqs = self.reqs[:i] + self.reqs[i + 1:]
         self.version += 1
 
     def compress(self, keep: np.ndarray) -> None:
-        m = len(self.reqs)
-        k = int(np.count_nonzero(keep))
-        for col in self._columns():
-            col[:k] = col[:m][keep]
-        self.reqs = [r for r, kept in zip(self.reqs, keep.tolist()) if kept]
+        at = keep.nonzero()[0]
+        k = len(at)
+        cols = self.cols
+        cols[:, :k] = cols[:, at]
+        self.last_token[:k] = self.last_token[at]
+        reqs = self.reqs
+        self.reqs = [reqs[i] for i in at.tolist()]
         self.version += 1

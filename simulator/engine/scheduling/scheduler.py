@@ -42,12 +42,17 @@ from simulator.engine.advance import DecodeRun, RunPart, exact_delay
 from simulator.engine.costmodel import StepShape, window_kv_sums
 from simulator.engine.protocols import Batch, BatchingMode, KVCacheManager, QueuePolicy, SchedulerStats
 from simulator.engine.scheduling.queues.fcfs import FCFS
-from simulator.engine.scheduling.running import RunningBatch
+from simulator.engine.scheduling.running import CAPACITY, COMPUTED, NUM_OUT, PH, TOKENS, N, RunningBatch
 from simulator.workload.request import Request, Status
 
 if TYPE_CHECKING:
     from simulator.engine.kvcache.offload import OffloadConnector
     from simulator.engine.swap import SwapSpace
+
+try:  # NOTE: np.count_nonzero's C function, without its Python wrapper (~0.6 us a call, hot path)
+    from numpy._core.multiarray import count_nonzero as _nnz
+except ImportError:  # numpy < 2
+    _nnz = np.count_nonzero
 
 
 @dataclass(slots=True)
@@ -57,7 +62,7 @@ class _InFlight:
 
     idx: np.ndarray
     reqs: list[Request]
-    reach: np.ndarray
+    reach: np.ndarray | None  # None: no prefix caching (only the late hashing reads it)
     version: int
     ids: np.ndarray  # req_id of every running request then (slot order)
 
@@ -88,6 +93,9 @@ class Scheduler:
         self._inflight: deque[_InFlight] = deque()  # async: scheduled steps not yet committed
         self._finishing: set[int] = set()  # async: preempted with their last token in flight
         self.running = RunningBatch(max_num_seqs, async_scheduling)
+        self._ones = self.running.ones  # sums as dot products (exact, cheaper than reductions)
+        # sync: the step's samplers, their count and its decodes (_summarise's, for commit)
+        self._step_sampled: tuple[np.ndarray, int, int] | None = None
         self.num_preemptions = 0
         self.num_swapped = 0
         self._admitted: list[tuple[int, int]] = []  # (req_id, prefix-hit tokens), this step
@@ -212,44 +220,47 @@ class Scheduler:
     def _schedule_running_vectorized(self, now: float) -> tuple[int, list[Request]]:
         """Step 2 over numpy columns, segment by segment: budget cut-off by cumulative sum, the
         manager called (in order, in bulk) only for requests that need it; the first request it
-        cannot serve goes through `_schedule_one` (preemption), then the next segment starts."""
+        cannot serve goes through `_schedule_one` (preemption), then the next segment starts.
+        Each segment writes its tokens straight into `n` (what is left over the budget: 0)."""
         rb = self.running
         budget = self.max_num_batched_tokens
-        if self.chunked_prefill:
-            rb.n[:rb.m] = 0
         preempted: list[Request] = []
         i = 0
         kv = self.kv
-        while i < rb.m and budget > 0:
-            m = rb.m
-            want = rb.tokens[i:m] - rb.computed[i:m]
-            if self.async_scheduling:
+        asynchronous = self.async_scheduling
+        while i < len(rb.reqs) and budget > 0:
+            m = len(rb.reqs)
+            want = rb.n[i:m]
+            np.subtract(rb.tokens[i:m], rb.computed[i:m], out=want)
+            if asynchronous:
                 # vLLM's AsyncScheduler: no extra step for a request whose last token is in flight
                 at_last = rb.num_out[i:m] >= rb.target_out[i:m]
-                if np.count_nonzero(at_last):
+                if _nnz(at_last):
                     want[at_last] = 0
             cum = want.cumsum()
-            if cum[-1] <= budget:  # all of them fit
+            used = cum.item(-1)
+            if used <= budget:  # all of them fit
                 count = m - i
-            else:
-                count = int((cum - want).searchsorted(budget, side="left"))  # those with budget left
-            n = rb.n[i:i + count]
-            n[:] = want[:count]
-            used = int(cum[count - 1])
-            if used > budget:
-                n[-1] -= used - budget
-                used = budget
+            else:  # those with budget left before them: the last one is cut to what is left
+                count = cum.searchsorted(budget).item() + 1
+                used = cum.item(count - 1)
+                if used > budget:
+                    want[count - 1] -= used - budget
+                    used = budget
+                want[count:] = 0
+            n = want[:count]
             computed = rb.computed[i:i + count]
             reach = computed + n
             call = reach > rb.capacity[i:i + count]
-            if kv.caches_full_blocks:
+            caching = kv.caches_full_blocks
+            if caching:
                 # A step that fills a block without needing a new one must still reach the
                 # manager, which hashes full blocks at once, as vLLM's allocate_slots does on
                 # every step: others may hit them this very step. That holds for blocks filled
                 # by decoding too (a session's next turn can arrive while this turn still runs
                 # and resend its answer so far).
                 bs = kv.block_size
-                if self.async_scheduling:
+                if asynchronous:
                     # vLLM hashes up to min(reach, tokens the client has): a block filled by a
                     # token still in flight is hashed one step later
                     cap = np.minimum(reach, rb.tokens[i:i + count] - rb.ph[i:i + count])
@@ -258,16 +269,24 @@ class Scheduler:
                     call |= reach // bs > computed // bs
             needers = call.nonzero()[0]
             if len(needers):
-                at = needers + i
+                at = needers + i if i else needers
                 idx = at.tolist()
-                tokens = rb.tokens[at] - rb.ph[at] if self.async_scheduling else rb.tokens[at]
-                caps = kv.allocate_slots_many([rb.reqs[j] for j in idx], n[needers].tolist(),
-                                              computed[needers].tolist(), tokens.tolist())
-                rb.capacity[at[:len(caps)]] = caps
-                if len(caps) < len(idx):  # the manager ran out at request j
-                    j = idx[len(caps)]
+                reqs = rb.reqs
+                sub = rb.cols[:, at].tolist()  # every column of the needers, one call
+                tokens = None
+                if caching:  # the token counts only matter for hashing
+                    tokens = ([a - b for a, b in zip(sub[TOKENS], sub[PH])] if asynchronous
+                              else sub[TOKENS])
+                caps = kv.allocate_slots_many([reqs[j] for j in idx], sub[N], sub[COMPUTED], tokens)
+                served = len(caps)
+                if served == len(idx):
+                    rb.capacity[at] = caps
+                else:  # the manager ran out at request j
+                    if served:
+                        rb.capacity[at[:served]] = caps
+                    j = idx[served]
                     rb.n[j:m] = 0
-                    budget -= int(cum[j - i] - want[j - i])
+                    budget -= cum.item(j - i - 1) if j > i else 0  # the tokens before it
                     budget, i, stop = self._schedule_one(j, budget, now, preempted)
                     if stop:
                         break
@@ -413,86 +432,103 @@ class Scheduler:
         return count
 
     def _summarise(self, preempted: list[Request], num_admitted: int) -> Batch:
+        """The step's Batch from the columns (sums as dot products with a ones column: exact
+        integers, cheaper than a numpy reduction)."""
         rb = self.running
-        m = rb.m
+        m = len(rb.reqs)
         n = rb.n[:m]
         c = rb.computed[:m]
+        ones = self._ones[:m]
         reach = c + n
-        scheduled = n > 0
-        sampled = scheduled & (reach >= rb.tokens[:m])
-        t = int(n.sum())
-        num_sampled = int(np.count_nonzero(sampled))
+        sampled = reach >= rb.tokens[:m]
+        num_seqs = _nnz(n)
+        scheduled = None  # None: every running request is scheduled
+        if num_seqs < m:
+            scheduled = n.astype(bool)  # n > 0 (n >= 0)
+            sampled &= scheduled
+        num_sampled = _nnz(sampled)
+        x = rb.cols[:N + 1, :m]  # ones, c, n
+        (_, c_sum, t), (_, _, c_n), (_, _, n_n) = x.dot(x.T).tolist()  # exact integer sums
         w = self.window_tokens
         if t == num_sampled == m:
             # every request samples and the m tokens are one each (n == 1 everywhere): the
             # general sums below in fewer numpy calls (n @ c = sum c, n @ (n + 1) = 2 m)
-            decodes = int(np.count_nonzero(rb.num_out[:m]))
-            num_seqs = m
-            c_sum = int(c.sum())
+            decodes = _nnz(rb.num_out[:m])
             attn_pairs = float(c_sum) + float(2 * m) / 2.0
             kv_tokens = c_sum + m
             window = int(np.minimum(reach, w).sum()) if w else -1
         else:
-            decodes = int(np.count_nonzero(sampled & (n == 1) & (rb.num_out[:m] > 0)))
-            num_seqs = int(np.count_nonzero(scheduled))
-            attn_pairs = float(n @ c) + float(int(n @ n) + t) / 2.0  # n @ (n + 1), exact ints
-            kv_tokens = int(reach @ scheduled)
-            window = int(np.minimum(reach, w) @ scheduled) if w else -1
+            one = n == ones
+            one &= sampled
+            decodes = _nnz(rb.num_out[:m][one])
+            attn_pairs = float(c_n) + float(n_n + t) / 2.0  # n @ (n + 1), exact
+            if scheduled is None:
+                kv_tokens = c_sum + t
+                window = int(np.minimum(reach, w).sum()) if w else -1
+            else:  # the sums over the scheduled only
+                r = reach[scheduled]
+                kv_tokens = (r @ ones[:num_seqs]).item()
+                window = int(np.minimum(r, w).sum()) if w else -1
         self._pure = (decodes == m == t and not preempted and not num_admitted
                       and not self.step_swap_s)
-        shape = StepShape(
-            num_tokens=t,
-            num_sampled=num_sampled,
-            attn_pairs=attn_pairs,
-            kv_tokens=kv_tokens,
-            num_seqs=num_seqs,
-            num_prefill_tokens=t - decodes,
-            window_kv_tokens=window,
-        )
+        shape = StepShape(t, num_sampled, attn_pairs, kv_tokens, num_seqs, t - decodes, window)
         if self.async_scheduling:
-            self._launch(scheduled, sampled, reach)
+            self._launch(n, sampled, reach)
+        else:  # commit reads them (nothing changes the batch while the step runs)
+            self._step_sampled = (sampled, num_sampled, decodes)
         return Batch(shape, num_seqs, t - decodes, decodes,
                      len(preempted), num_admitted, None if self.swap is None else self.step_swap_s,
                      preempted, self._admitted,
                      None if self.offload is None or t else self.offload.next_event_s())
 
-    def _launch(self, scheduled: np.ndarray, sampled: np.ndarray, reach: np.ndarray) -> None:
+    def _launch(self, n: np.ndarray, sampled: np.ndarray, reach: np.ndarray) -> None:
         """Async: the step just scheduled goes in flight (vLLM's _update_after_schedule):
         computed tokens advance now, each request that samples gets an output placeholder, and
         the step's samplers wait for its commit (`_inflight`)."""
         rb = self.running
-        m = rb.m
-        if self.kv.caches_full_blocks:
+        m = len(rb.reqs)
+        caching = self.kv.caches_full_blocks
+        if caching:
             tok = rb.tokens[:m] - rb.ph[:m]
-            np.maximum(rb.hashed[:m], np.where(scheduled, np.minimum(reach, tok), 0),
+            np.maximum(rb.hashed[:m], np.where(n > 0, np.minimum(reach, tok), 0),
                        out=rb.hashed[:m])
         rb.computed[:m] = reach
-        rb.tokens[:m] += sampled
-        rb.num_out[:m] += sampled
-        rb.ph[:m] += sampled
+        rb.cols[TOKENS:PH + 1, :m] += sampled  # tokens, num_out, ph
         idx = sampled.nonzero()[0]
-        # the running list as it is now (a C-level copy): the samplers are reqs[idx] should the
-        # batch change before the commit
-        self._inflight.append(_InFlight(idx, list(rb.reqs), reach[idx], rb.version, rb.ids[:m].copy()))
+        # the running list as it is now (RunningBatch never changes a list in place but to append):
+        # the samplers are reqs[idx] should the batch change before the commit
+        self._inflight.append(_InFlight(idx, rb.reqs, reach[idx] if caching else None, rb.version,
+                                        rb.ids[:m].copy()))
 
     def commit(self, now: float) -> list[Request]:
         """Apply the step that just ran: advance tokens, sample, finish. Returns finished."""
         if self.async_scheduling:
             return self._commit_async(now)
         rb = self.running
-        m = rb.m
+        m = len(rb.reqs)
         n = rb.n[:m]
-        rb.computed[:m] += n
-        sampled = (n > 0) & (rb.computed[:m] >= rb.tokens[:m])
-        num_sampled = np.count_nonzero(sampled)
+        c = rb.computed[:m]
+        c += n
+        step = self._step_sampled
+        self._step_sampled = None
+        decodes = -1  # not known
+        if step is not None and len(step[0]) == m:
+            # _summarise's: (n > 0) & (c + n >= tokens), and how many were one-token decodes
+            sampled, num_sampled, decodes = step
+        else:
+            sampled = c >= rb.tokens[:m]
+            sampled &= n > 0
+            num_sampled = _nnz(sampled)
         out = rb.num_out[:m]
         last = rb.last_token[:m]
         if num_sampled == m and m:
             # every running request samples (a decode step): the masks below without `sampled`
-            rb.tokens[:m] += 1
-            out += 1
-            firsts = out == 1
-            num_first = np.count_nonzero(firsts)
+            rb.cols[TOKENS:NUM_OUT + 1, :m] += 1  # tokens and num_out
+            if decodes == m:  # every one had an output already: no first token
+                num_first = 0
+            else:
+                firsts = out == self._ones[:m]
+                num_first = _nnz(firsts)
             if num_first:
                 self._gaps = now - last[~firsts] if num_first < m else None
                 for i in firsts.nonzero()[0].tolist():
@@ -502,14 +538,15 @@ class Scheduler:
             last[:] = now
             done = out >= rb.target_out[:m]
         elif num_sampled:
-            rb.tokens[:m] += sampled
-            out += sampled
-            gaps = sampled & (out > 1)
-            self._gaps = now - last[gaps] if np.count_nonzero(gaps) else None
+            rb.cols[TOKENS:NUM_OUT + 1, :m] += sampled
+            gaps = out > 1
+            gaps &= sampled
+            self._gaps = now - last[gaps] if _nnz(gaps) else None
             for i in (sampled & (out == 1)).nonzero()[0].tolist():
                 rb.reqs[i].first_token_s = now
             last[sampled] = now
-            done = sampled & (out >= rb.target_out[:m])
+            done = out >= rb.target_out[:m]
+            done &= sampled
         else:  # no request samples (prompt chunks only)
             self._gaps = None
             done = sampled
@@ -517,7 +554,7 @@ class Scheduler:
         if self.offload is not None:  # before the finished leave the batch: store offers
             self.offload.offer(rb.reqs, rb.computed[:m], n, rb.tokens[:m], rb.num_out[:m],
                                [rb.reqs[i] for i in done.nonzero()[0].tolist()], now)
-        if np.count_nonzero(done):
+        if _nnz(done):
             for i in done.nonzero()[0].tolist():
                 req = rb.write_back(i)
                 req.finish_s = now
@@ -527,15 +564,16 @@ class Scheduler:
                     self.kv.free(req)
                 finished.append(req)
             rb.compress(~done)
-        rb.n[:rb.m] = 0
+        rb.n[:len(rb.reqs)] = 0
         self._quiet = self._pure and not finished
         return finished
 
     def _commit_async(self, now: float) -> list[Request]:
         """Async: apply the output of the oldest step in flight (vLLM's update_from_output with
         two batches in flight; the next step is already scheduled). Steps:
-        1. find its samplers: by their slots if the running batch kept its order since, else by
-           id; those no longer running were preempted after it was scheduled (stale output);
+        1. find its samplers: at their slots if no request left the running batch since (the
+           version), else by id; those no longer running were preempted after it was
+           scheduled (stale output);
         2. running samplers: the placeholder resolves into an output token emitted now (first
            token or an inter-token gap); the prefix cache hashes the blocks the step filled
            (vLLM's cache_blocks at update) when no later step did;
@@ -545,74 +583,85 @@ class Scheduler:
            last token finishes it."""
         fl = self._inflight.popleft()
         rb = self.running
+        kv = self.kv
+        caching = kv.caches_full_blocks
         stale: list[Request] = []
         idx = fl.idx
+        fl_reach = fl.reach
         if fl.version != rb.version and len(idx):  # 1.
             # by req_id over numpy (no Python loop over the batch): their slots now, in the
             # step's sampler order; ids no longer running are stale
-            m = rb.m
+            m = len(rb.reqs)
             old = fl.ids[idx]
             if m:
                 cur = rb.ids[:m]
-                sorter = np.argsort(cur)
+                sorter = cur.argsort()
                 at = sorter[np.minimum(cur.searchsorted(old, sorter=sorter), m - 1)]
                 hit = cur[at] == old
             else:
                 at = idx
                 hit = np.zeros(len(idx), bool)
-            if np.count_nonzero(hit) < len(hit):
+            if _nnz(hit) < len(hit):
                 reqs = fl.reqs
                 stale = [reqs[i] for i in idx[~hit].tolist()]
-            fl_reach = fl.reach[hit]
-            idx = at[hit]
-        else:
-            fl_reach = fl.reach
+                if caching:
+                    fl_reach = fl_reach[hit]
+                idx = at[hit]
+            else:
+                idx = at
         finished: list[Request] = []
         gaps = None
         done = None
-        whole = len(idx) == rb.m  # every running request sampled (idx is then 0..m-1)
-        sel = slice(0, rb.m) if whole else idx  # NOTE: a slice, not fancy indexing (hot path)
+        k = len(idx)
+        # the samplers' slots ascend (a departure keeps the order, arrivals join the end): when
+        # they are 0..k-1 (every running request sampled, or those admitted since did not),
+        # the columns are read through a slice, not by fancy indexing (hot path)
+        prefix = k and idx.item(-1) == k - 1
+        sel = slice(0, k) if prefix else idx
 
         def slots(mask: np.ndarray) -> list[int]:
-            return (mask.nonzero()[0] if whole else idx[mask]).tolist()
-        if len(idx):  # 2.
-            ph = rb.ph[sel]
-            ph -= 1
+            return (mask.nonzero()[0] if prefix else idx[mask]).tolist()
+        if k:  # 2.
+            if prefix:
+                ph = rb.ph[:k]
+                ph -= 1
+                last = rb.last_token[:k]
+            else:
+                ph = rb.ph[idx] - 1
+                rb.ph[idx] = ph
+                last = rb.last_token[idx]
             mat = rb.num_out[sel] - ph
-            first = mat == 1
-            last = rb.last_token[sel]
-            if np.count_nonzero(first):
+            first = mat == self._ones[:k]
+            if _nnz(first):
                 gaps = now - last[~first]
                 reqs = rb.reqs
                 for i in slots(first):
                     reqs[i].first_token_s = now
             else:
                 gaps = now - last
-            if whole:
+            if prefix:
                 last[:] = now
             else:
-                rb.ph[idx] = ph
                 rb.last_token[idx] = now
             done = mat >= rb.target_out[sel]
-            kv = self.kv
-            if kv.caches_full_blocks:
+            if caching:
                 bs = kv.block_size
                 late = (fl_reach // bs > rb.hashed[sel] // bs) & ~done
-                if np.count_nonzero(late):
+                if _nnz(late):
                     for i, r in zip(slots(late), fl_reach[late].tolist()):
                         kv.allocate_slots(rb.reqs[i], 0, r,
                                           num_tokens=int(rb.tokens[i] - rb.ph[i]))
                         rb.hashed[i] = r
             if not len(gaps):
                 gaps = None
-        if done is not None and np.count_nonzero(done):  # 3.
-            keep = np.ones(rb.m, bool)
+        if done is not None and _nnz(done):  # 3.
+            keep = np.ones(len(rb.reqs), bool)
             for i in slots(done):
                 req = rb.write_back(i)
                 req.finish_s = now
                 req.status = Status.FINISHED
                 self.queue.on_stop(req)
-                self.kv.free(req)
+                kv.free(req)
                 finished.append(req)
                 keep[i] = False
             rb.compress(keep)
@@ -1048,12 +1097,13 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         rb = self.running
-        m = rb.m
+        m = len(rb.reqs)
         kv = self.kv.stats()
         # KV slots holding token states: the allocated slots less each running request's unused
         # tail (capacity - computed). Shared prefix blocks are full and counted once, unlike a
         # sum of computed tokens.
-        stored = kv.used_slots - int((rb.capacity[:m] - rb.computed[:m]).sum())
+        sums = rb.cols[:CAPACITY + 1, :m] @ self._ones[:m]
+        stored = kv.used_slots - (sums.item(CAPACITY) - sums.item(COMPUTED))
         swap = None if self.swap is None else self.swap.stats()
         return SchedulerStats(m, len(self.queue) + len(self.kv_holding), stored, kv,
                               self.num_preemptions, self._gaps, swap,
