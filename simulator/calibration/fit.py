@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.calibration.data import STAT, ModelTimings, network_frame
+from simulator.calibration.pool import donors, pool_residuals, pool_terms
 from simulator.calibration.solve import LEAST_SQUARES, Objective, Param, ParamStat, Solution, solve
 from simulator.engine.costmodel import (
     ATTN_TO_GEMM_COMPUTE,
@@ -275,6 +276,9 @@ def fit_elementwise_joint(folders: list[tuple[list[ModelTimings], GpuSpec, CostP
     (latency-bound, a property of the kernel, not of the GPU's bandwidth). Without fit_shared
     the row rate keeps each GPU's base value. Returns each GPU's parameters by name."""
     out = {gpu.name: FittedParams(base) for _, gpu, base in folders}
+    # GPU -> kind -> how many models have an op of that kind (the pooling weight's models)
+    models_of = {gpu.name: {kind: sum(any(ELEMENTWISE_KIND.get(op) == kind for op in m.ops) for m in models)
+                            for kind in ELEMENTWISE_KINDS} for models, gpu, _ in folders}
     for kind in ELEMENTWISE_KINDS:
         rows = [(gpu, base, _elementwise_rows(models, kind)) for models, gpu, base in folders]
         rows = [(gpu, base, r) for gpu, base, r in rows if r is not None]
@@ -285,14 +289,18 @@ def fit_elementwise_joint(folders: list[tuple[list[ModelTimings], GpuSpec, CostP
             names += [f"{gpu.name}:{kind}_overhead_s", f"{gpu.name}:{kind}_bandwidth_eff"]
         if fit_shared:
             names.append(f"{kind}_row_gbps")
+        # each GPU's two parameters pooled toward its donor's (calibration/pool.py)
+        terms = pool_terms(names, {gpu.name: (r[2].size, models_of[gpu.name].get(kind, 0))
+                                   for gpu, _, r in rows}, donors([gpu for gpu, _, _ in rows]))
 
-        def residual(v: np.ndarray, rows=rows, kind=kind) -> np.ndarray:
+        def residual(v: np.ndarray, rows=rows, kind=kind, terms=terms) -> np.ndarray:
             parts = []
             for i, (gpu, base, (tt, ee, log_y)) in enumerate(rows):
                 row_gbps = v[-1] if fit_shared else getattr(base, f"{kind}_row_gbps")
                 stream = tt * ee * 2.0 / (gpu.hbm_bandwidth_gbps * 1e9 * v[2 * i + 1])
                 row = ee * 2.0 / (row_gbps * 1e9)
                 parts.append(np.log(v[2 * i] + np.sqrt(stream * stream + row * row)) - log_y)
+            parts.append(pool_residuals(v, terms))
             return np.concatenate(parts)
 
         params = []

@@ -17,8 +17,8 @@ from simulator import __version__
 from simulator.calibration.data import STAT
 from simulator.calibration.fit import SHARED_PARAMS, round_sig
 from simulator.calibration.gpu_fit import GpuFit, label
+from simulator.calibration.pool import nearest_donor, spec_distance
 from simulator.calibration.score import ErrorStats
-from simulator.calibration.transfer import nearest_donor, spec_distance
 from simulator.config.paths import data_dir
 from simulator.engine.costmodel import ATTN_TO_GEMM_COMPUTE
 from simulator.errors import ConfigError
@@ -66,7 +66,9 @@ def measured_section(fit: GpuFit, fit_date: str) -> dict[str, Any]:
         "data_folder_to_gpu": fit.folder_reason,
         "statistic": f"{STAT} of repeated timings (ms -> s), fp16",
         "fit": f"scipy.optimize.least_squares (trf, {fit.objective.describe()}) on log(predicted/measured), "
-               "parameters bounded by their physical ranges, all models together",
+               "parameters bounded by their physical ranges, all models together"
+               + ("; each element-wise kind's per-GPU overhead and bandwidth efficiency partially pooled "
+                  "toward the nearest other measured GPU's (calibration/pool.py)" if fit.shared_with else ""),
         "shared": (f"{', '.join(SHARED_PARAMS)} fitted jointly on the kernels of {', '.join(fit.shared_with)}"
                    if fit.shared_with else f"{', '.join(SHARED_PARAMS)} held at the profile's values "
                                            f"(fitted jointly on every measured GPU by a full run)"),

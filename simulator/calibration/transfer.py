@@ -6,15 +6,14 @@ the measured price of that extrapolation. Leave-one-GPU-out (score.py) runs the 
 
 from __future__ import annotations
 
-import math
 from typing import Protocol
 
 import numpy as np
 
 from simulator.calibration.data import ModelTimings
+from simulator.calibration.pool import nearest_donor
 from simulator.calibration.score import ErrorStats, ape, predict_layer_sum
 from simulator.engine.costmodel import CostParams
-from simulator.errors import ConfigError
 from simulator.hardware.gpus import GpuSpec, get_gpu, gpu_names
 
 
@@ -24,18 +23,6 @@ class Fitted(Protocol):
     gpu: GpuSpec
     params: CostParams
     models: list[ModelTimings]
-
-
-def spec_distance(a: GpuSpec, b: GpuSpec) -> float:
-    """Distance in (log peak bf16 FLOP/s, log memory bandwidth): the two specs the roofline uses."""
-    return math.hypot(math.log(a.peak_flops(2) / b.peak_flops(2)),
-                      math.log(a.hbm_bandwidth_gbps / b.hbm_bandwidth_gbps))
-
-
-def nearest_donor(target: GpuSpec, measured: list[GpuSpec]) -> GpuSpec:
-    if not measured:
-        raise ConfigError("no measured GPU to transfer parameters from")
-    return min(measured, key=lambda g: (spec_distance(target, g), g.name))
 
 
 def transfer_params(target: GpuSpec, fitted: dict[str, CostParams]) -> CostParams:
