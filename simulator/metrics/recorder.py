@@ -30,7 +30,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.metrics.steps import DERIVED_COLUMNS, StepColumns, empty_steps
+from simulator.metrics.steps import (
+    DERIVED_COLUMNS,
+    StepColumns,
+    StreamedSteps,
+    empty_steps,
+    read_ends_and_durations,
+)
 from simulator.workload.request import Request
 
 ITER_COLUMNS = ("start_s", "duration_s", "num_seqs", "num_tokens", "prefill_tokens",
@@ -234,6 +240,11 @@ class MetricsRecorder:
         self._steps: dict[str, list[np.ndarray]] = {}  # StepColumns chunks (compact)
         self._coded: dict[str, list[tuple[np.ndarray | None, np.ndarray]]] = {}  # (table, codes)
         self._ends: list[np.ndarray] = []
+        # a streamed run keeps no StepColumns: each column's compact dtype and each coded
+        # chunk's table of distinct values (None: not codable), for reading them back
+        self._dtypes: dict[str, np.dtype] = {}
+        self._tables: dict[str, list[np.ndarray | None]] = {}
+        self._read_back: tuple[StreamedSteps, float] | None = None
         self._full: list[dict[str, np.ndarray]] | None = [] if keep_iterations else None
         self._writer = IterationsWriter(iterations_path) if iterations_path is not None else None
         self._gap_values: list[np.ndarray] = []
@@ -368,17 +379,24 @@ class MetricsRecorder:
                 self._totals[idx] = last
             chunk[name] = col
         self._rows, self._row_at, self._blocks, self._n = [], [], [], 0
+        if self._writer is not None:  # StepColumns are read back from the file (_streamed_steps)
+            compact = {c: _narrow(v) for c, v in chunk.items()}
+            for name in DERIVED_COLUMNS:
+                if name in _CODED and name in chunk:
+                    self._tables.setdefault(name, []).append(_encode(chunk[name])[0])
+                elif name in chunk and name != "duration_s" \
+                        and not (name == "decode_tokens" and "num_sampled" in chunk):
+                    dt = compact[name].dtype
+                    self._dtypes[name] = np.result_type(self._dtypes.get(name, dt), dt)
+            self._writer.write(compact)
+            return
         self._ends.append(chunk["start_s"] + chunk["duration_s"])
         for name in DERIVED_COLUMNS:
             if name in _CODED and name in chunk:
                 self._coded.setdefault(name, []).append(_encode(chunk[name]))
-            elif name == "duration_s" and self._writer is not None:
-                continue  # in the file: busy_s reads it back (8 bytes a step less)
             elif name in chunk and not (name == "decode_tokens" and "num_sampled" in chunk):
                 self._steps.setdefault(name, []).append(_narrow(chunk[name]))
-        if self._writer is not None:
-            self._writer.write({c: _narrow(v) for c, v in chunk.items()})
-        elif self._full is not None:
+        if self._full is not None:
             self._full.append({c: _narrow(v) for c, v in chunk.items()})
 
     def add_token_gaps(self, gaps: np.ndarray) -> None:
@@ -454,17 +472,41 @@ class MetricsRecorder:
         self.finish()
         if not self.num_steps:
             return 0.0
-        if "duration_s" in self._steps:
-            return float(self.step_columns()["duration_s"].sum())
-        import pyarrow.parquet as pq
+        if self._writer is not None:
+            return self._streamed_steps()[1]
+        return float(self.step_columns()["duration_s"].sum())
 
-        durations = pq.read_table(self._writer.path, columns=["duration_s"]).column(0).to_numpy()
-        return float(durations.sum())
+    def _streamed_steps(self) -> tuple[StreamedSteps, float]:
+        """A streamed run's StepColumns (read back from its file) and busy_s: the durations
+        are read once, summed whole (the pairwise sum over the column) and added to the
+        starts for the step ends; the coded columns' tables merged as _merge_codes merges
+        the chunks' (a column that cannot be coded is read as its floats)."""
+        if self._read_back is None:
+            ends, durations = read_ends_and_durations(self._writer.path)
+            busy = float(durations.sum())
+            del durations
+            tables = {}
+            dtypes = dict(self._dtypes)
+            for name, parts in self._tables.items():
+                table = None
+                if all(t is not None for t in parts):
+                    table = parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
+                    if len(table) > _MAX_CODES or not all(
+                            _same_bits(table[np.searchsorted(table, t)], t) for t in parts):
+                        table = None
+                if table is not None:
+                    tables[name] = table
+                dtypes[name] = np.dtype(np.float64)
+            writer = self._writer
+            self._read_back = (StreamedSteps(ends, lambda: writer.path, dtypes, tables), busy)
+        return self._read_back
 
     # --- tables ---------------------------------------------------------------------------
     def step_columns(self) -> StepColumns:
         """What the summary, time series and alerts read (steps.py), compact."""
         self.finish()
+        if self._writer is not None and self.num_steps:
+            return self._streamed_steps()[0]
         if not self._ends:
             return empty_steps()
         cols = {}
@@ -533,14 +575,29 @@ class MetricsRecorder:
 
     def token_gaps(self, *, release: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(sorted gap values, how many gaps had each value); `release` drops the recorder's
-        own copy (the summary's last use, so that its memory is free for what follows)."""
+        own copy (the summary's last use, so that its memory is free for what follows). The
+        run is finished first: its last row group is written and freed before the sort.
+        NOTE: with `release`, each part is dropped as soon as it is copied (never two copies)."""
+        self.finish()
         self._compress_gaps()
         if not self._gap_values:
             return np.zeros(0), np.zeros(0, np.int64)
-        v = np.concatenate(self._gap_values)
-        c = np.concatenate(self._gap_counts)
+        values, counts = self._gap_values, self._gap_counts
         if release:
             self._gap_values, self._gap_counts = [], []
+        else:
+            values, counts = list(values), list(counts)
+        n = sum(map(len, values))
+        v, c = np.empty(n), np.empty(n, counts[0].dtype)
+        pos = 0
+        values.reverse()
+        counts.reverse()
+        while values:
+            part, part_counts = values.pop(), counts.pop()
+            v[pos:pos + len(part)] = part
+            c[pos:pos + len(part)] = part_counts
+            pos += len(part)
+        del part, part_counts
         order = np.argsort(v, kind="stable")
         c = c[order]
         del order

@@ -60,9 +60,10 @@ def _stats(x: np.ndarray) -> dict[str, float | None]:
 def _weighted_stats(values: np.ndarray, counts: np.ndarray) -> dict[str, float | None]:
     if len(values) == 0:
         return {"mean": None, **{f"p{p}": None for p in PCTS}, "max": None}
+    dot = values @ counts  # NOTE: before the cumulative counts: one temporary at a time
     cum = np.cumsum(counts)
     total = cum[-1]
-    out = {"mean": float(values @ counts / total)}
+    out = {"mean": float(dot / total)}
     for p in PCTS:
         out[f"p{p}"] = float(values[np.searchsorted(cum, p / 100 * total, side="left")])
     out["max"] = float(values[-1])
