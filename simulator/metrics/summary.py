@@ -421,16 +421,18 @@ def write_monitoring(out_dir, requests: pd.DataFrame, iterations: Iterations, *,
 
     from simulator.metrics.alerts import alerts_document
     from simulator.metrics.steps import as_steps
-    from simulator.metrics.timeseries import auto_interval, build_timeseries, write_openmetrics
+    from simulator.metrics.timeseries import auto_interval, build_timeseries, sample, write_openmetrics
 
     out = Path(out_dir)
     steps = as_steps(iterations)
     if interval_s is None:
         interval_s = auto_interval(run_window(requests, steps)[1])
     rules = resolve_rules(alerts)
-    build_timeseries(requests, steps, interval_s).to_parquet(out / "timeseries.parquet", index=False)
-    write_openmetrics(out / "openmetrics.txt", requests, steps, interval_s=interval_s,
-                      labels=labels)
+    samples = sample(requests, steps, interval_s)  # one pass over the steps for both files
+    build_timeseries(requests, samples=samples).to_parquet(out / "timeseries.parquet", index=False)
+    write_openmetrics(out / "openmetrics.txt", requests, None, interval_s=interval_s,
+                      labels=labels, samples=samples)
+    del samples
     doc = alerts_document(rules, evaluate(rules, requests, steps))
     doc["interval_s"] = interval_s
     (out / "alerts.json").write_text(json.dumps(clean_floats(doc), indent=2, sort_keys=True) + "\n")
