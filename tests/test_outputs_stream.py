@@ -13,11 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 
 import simulator.metrics.recorder as recorder_mod
+import simulator.metrics.steps as steps_mod
 import simulator.metrics.timeseries as ts_mod
 from simulator.config.schema import build_config
 from simulator.engine.run import run
+from simulator.errors import ConfigError
 from simulator.metrics.alerts import AlertRule, firings
-from simulator.metrics.steps import as_steps
+from simulator.metrics.steps import StreamedSteps, as_steps
 from simulator.metrics.timeseries import (
     StepFunction,
     auto_interval,
@@ -76,6 +78,12 @@ def test_no_iterations_keeps_no_table_and_the_same_summary(tmp_path):
     assert not (out / "iterations.parquet").exists()
     for name in ("summary.json", "timeseries.parquet", "openmetrics.txt", "alerts.json"):
         assert (out / name).read_bytes() == (ref / name).read_bytes(), name
+
+
+def test_a_short_streamed_run_keeps_its_compact_columns(tmp_path):
+    res = run(_config(), iterations_path=tmp_path / "it.parquet")
+    assert not isinstance(res.steps, StreamedSteps) and "duration_s" not in res.steps
+    _same_steps(run(_config()).steps, res.steps)
 
 
 def test_compact_columns_are_the_table_columns():
@@ -189,9 +197,6 @@ def test_lean_firings_equal_the_definition(seed):
 
 
 # --- streamed runs read their StepColumns back from iterations.parquet ------------------------
-import simulator.metrics.steps as steps_mod  # noqa: E402
-from simulator.errors import ConfigError  # noqa: E402
-from simulator.metrics.steps import StreamedSteps  # noqa: E402
 
 
 def _same_steps(a, b):
@@ -208,10 +213,12 @@ def _same_steps(a, b):
         assert np.array_equal(got[0], codes) and np.array_equal(got[1], table), name
 
 
-@pytest.mark.parametrize("codes", [True, False])
-def test_streamed_steps_are_the_in_memory_compact_columns(tmp_path, monkeypatch, codes):
-    """Several chunks and row groups, a cache too small to keep a column (every access reads
-    the file again), kv_usage codable or not: the same arrays, dtypes and summary."""
+@pytest.mark.parametrize("codes,keep_steps", [(True, 0), (True, 20), (False, 0)])
+def test_streamed_steps_are_the_in_memory_compact_columns(tmp_path, monkeypatch, codes, keep_steps):
+    """A streamed run past _KEEP_STEPS (at once, or after a few chunks) reads its columns back:
+    several chunks and row groups, a cache too small to keep a column (every access reads the
+    file again), kv_usage codable or not: the same arrays, dtypes and summary."""
+    monkeypatch.setattr(recorder_mod, "_KEEP_STEPS", keep_steps)
     monkeypatch.setattr(recorder_mod, "_CHUNK_ROWS", 7)
     monkeypatch.setattr(recorder_mod, "ROW_GROUP_ROWS", 10)
     if not codes:
@@ -221,6 +228,7 @@ def test_streamed_steps_are_the_in_memory_compact_columns(tmp_path, monkeypatch,
     monkeypatch.setattr(steps_mod, "CACHE_BYTES", 16)
     res = run(cfg, iterations_path=tmp_path / "it.parquet")
     assert isinstance(res.steps, StreamedSteps) and not isinstance(mem.steps, StreamedSteps)
+    assert res.recorder._steps == {} and res.recorder._ends == []  # nothing per step kept
     assert pq.ParquetFile(tmp_path / "it.parquet").metadata.num_row_groups > 1
     assert (res.steps.sort_key("kv_usage") is None) == (not codes)
     _same_steps(mem.steps, res.steps)
@@ -234,7 +242,8 @@ def test_streamed_steps_are_the_in_memory_compact_columns(tmp_path, monkeypatch,
     assert res.iterations.equals(mem.iterations)
 
 
-def test_streamed_steps_follow_the_file_when_it_moves(tmp_path):
+def test_streamed_steps_follow_the_file_when_it_moves(tmp_path, monkeypatch):
+    monkeypatch.setattr(recorder_mod, "_KEEP_STEPS", 0)
     out = tmp_path / "run"
     out.mkdir()
     res = run(_config(), iterations_path=out / ".partial")

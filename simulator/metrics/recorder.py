@@ -36,6 +36,7 @@ from simulator.metrics.steps import (
     StreamedSteps,
     empty_steps,
     read_ends_and_durations,
+    release_arrow_memory,
 )
 from simulator.workload.request import Request
 
@@ -94,6 +95,9 @@ _NUM_OPTIONAL = len(_OPTIONAL)
 
 _CHUNK_ROWS = 1 << 16  # steps gathered before they become typed columns
 ROW_GROUP_ROWS = 1024 * 1024  # pyarrow's default row group length (DataFrame.to_parquet's)
+# a streamed run keeps its StepColumns in memory up to this many steps (~30 bytes a step), then
+# drops them and reads them back from its file at the end (StreamedSteps)
+_KEEP_STEPS = 1 << 22
 _REQUEST_CHUNK = 4096  # ended requests kept as objects before they become typed columns
 _INT_TYPES = (np.int8, np.int16, np.int32)
 
@@ -215,6 +219,7 @@ class IterationsWriter:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+            release_arrow_memory()
         elif not self.num_rows:
             pd.DataFrame({c: np.asarray(()) for c in ITER_COLUMNS}).to_parquet(self.path, index=False)
 
@@ -240,11 +245,14 @@ class MetricsRecorder:
         self._steps: dict[str, list[np.ndarray]] = {}  # StepColumns chunks (compact)
         self._coded: dict[str, list[tuple[np.ndarray | None, np.ndarray]]] = {}  # (table, codes)
         self._ends: list[np.ndarray] = []
-        # a streamed run keeps no StepColumns: each column's compact dtype and each coded
-        # chunk's table of distinct values (None: not codable), for reading them back
+        # a streamed run past _KEEP_STEPS keeps no StepColumns: each column's compact dtype
+        # and each coded chunk's table of distinct values (None: not codable) let them be
+        # read back from its file
         self._dtypes: dict[str, np.dtype] = {}
         self._tables: dict[str, list[np.ndarray | None]] = {}
         self._read_back: tuple[StreamedSteps, float] | None = None
+        self._spilled = False  # a streamed run past _KEEP_STEPS steps: no StepColumns kept
+        self._step_columns: StepColumns | None = None
         self._full: list[dict[str, np.ndarray]] | None = [] if keep_iterations else None
         self._writer = IterationsWriter(iterations_path) if iterations_path is not None else None
         self._gap_values: list[np.ndarray] = []
@@ -379,25 +387,35 @@ class MetricsRecorder:
                 self._totals[idx] = last
             chunk[name] = col
         self._rows, self._row_at, self._blocks, self._n = [], [], [], 0
-        if self._writer is not None:  # StepColumns are read back from the file (_streamed_steps)
-            compact = {c: _narrow(v) for c, v in chunk.items()}
-            for name in DERIVED_COLUMNS:
-                if name in _CODED and name in chunk:
-                    self._tables.setdefault(name, []).append(_encode(chunk[name])[0])
-                elif name in chunk and name != "duration_s" \
-                        and not (name == "decode_tokens" and "num_sampled" in chunk):
+        streamed = self._writer is not None
+        # (one compact array per column, shared by the StepColumns and the full row)
+        full = streamed or self._full is not None
+        compact = {c: _narrow(v) for c, v in chunk.items()} if full else None
+        keep = not self._spilled
+        if keep:
+            self._ends.append(chunk["start_s"] + chunk["duration_s"])
+        for name in DERIVED_COLUMNS:
+            if name not in chunk or (name == "decode_tokens" and "num_sampled" in chunk):
+                continue
+            if name in _CODED:
+                coded = _encode(chunk[name])
+                if keep:
+                    self._coded.setdefault(name, []).append(coded)
+                if streamed:
+                    self._tables.setdefault(name, []).append(coded[0])
+            elif not (streamed and name == "duration_s"):  # busy_s reads it from the file
+                if keep:
+                    self._steps.setdefault(name, []).append(compact[name] if full else _narrow(chunk[name]))
+                if streamed:
                     dt = compact[name].dtype
                     self._dtypes[name] = np.result_type(self._dtypes.get(name, dt), dt)
+        if streamed:
             self._writer.write(compact)
-            return
-        self._ends.append(chunk["start_s"] + chunk["duration_s"])
-        for name in DERIVED_COLUMNS:
-            if name in _CODED and name in chunk:
-                self._coded.setdefault(name, []).append(_encode(chunk[name]))
-            elif name in chunk and not (name == "decode_tokens" and "num_sampled" in chunk):
-                self._steps.setdefault(name, []).append(_narrow(chunk[name]))
-        if self._full is not None:
-            self._full.append({c: _narrow(v) for c, v in chunk.items()})
+            if keep and self.num_steps > _KEEP_STEPS:  # from now on read back from the file
+                self._spilled = True
+                self._steps, self._coded, self._ends = {}, {}, []
+        elif self._full is not None:
+            self._full.append(compact)
 
     def add_token_gaps(self, gaps: np.ndarray) -> None:
         # Most gaps in a step are equal (one step duration): they are kept as (value, count),
@@ -472,9 +490,14 @@ class MetricsRecorder:
         self.finish()
         if not self.num_steps:
             return 0.0
-        if self._writer is not None:
+        if self._spilled:
             return self._streamed_steps()[1]
-        return float(self.step_columns()["duration_s"].sum())
+        if self._writer is None:
+            return float(self.step_columns()["duration_s"].sum())
+        import pyarrow.parquet as pq
+
+        durations = pq.read_table(self._writer.path, columns=["duration_s"]).column(0).to_numpy()
+        return float(durations.sum())
 
     def _streamed_steps(self) -> tuple[StreamedSteps, float]:
         """A streamed run's StepColumns (read back from its file) and busy_s: the durations
@@ -505,8 +528,10 @@ class MetricsRecorder:
     def step_columns(self) -> StepColumns:
         """What the summary, time series and alerts read (steps.py), compact."""
         self.finish()
-        if self._writer is not None and self.num_steps:
+        if self._spilled:
             return self._streamed_steps()[0]
+        if self._step_columns is not None:
+            return self._step_columns
         if not self._ends:
             return empty_steps()
         cols = {}
@@ -523,7 +548,8 @@ class MetricsRecorder:
             self._coded[name] = [merged]
         ends = np.concatenate(self._ends) if len(self._ends) > 1 else self._ends[0]
         self._ends = [ends]
-        return StepColumns(ends, cols, coded)
+        self._step_columns = StepColumns(ends, cols, coded)  # one object: its memo is shared
+        return self._step_columns
 
     def iterations_frame(self) -> pd.DataFrame:
         """The iterations table (int64 / float64 columns): read back from the streamed file,

@@ -34,13 +34,16 @@ class StepColumns:
     column with few distinct values (kv_usage: one per free-block count) may be kept as codes
     into its sorted table of values (`coded`, 2 bytes a step): [] decodes it (a new array)."""
 
-    __slots__ = ("ends", "columns", "coded")
+    __slots__ = ("ends", "columns", "coded", "memo")
 
     def __init__(self, ends: np.ndarray, columns: dict[str, np.ndarray],
                  coded: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
         self.ends = ends
         self.columns = columns
         self.coded = coded or {}  # name -> (codes, sorted distinct values)
+        # results derived from these steps, kept for a second caller (alerts.evaluate: the
+        # summary and alerts.json read the same firings)
+        self.memo: dict = {}
 
     def __len__(self) -> int:
         return len(self.ends)
@@ -117,6 +120,7 @@ class StreamedSteps(StepColumns):
                 part = f.read_row_group(i, columns=[name]).column(0).to_numpy()
                 col[pos:pos + len(part)] = part if table is None else np.searchsorted(table, part)
                 pos += len(part)
+        release_arrow_memory()
         if col.nbytes <= CACHE_BYTES:
             self._cache[name] = col
             self._cached += col.nbytes
@@ -141,7 +145,16 @@ def read_ends_and_durations(path: Path) -> tuple[np.ndarray, np.ndarray]:
             durations[pos:pos + k] = group.column(1).to_numpy()
             np.add(group.column(0).to_numpy(), durations[pos:pos + k], out=ends[pos:pos + k])
             pos += k
+    release_arrow_memory()
     return ends, durations
+
+
+def release_arrow_memory() -> None:
+    """Hand pyarrow's freed buffers back to the system (its pool keeps them otherwise, on top
+    of what numpy allocates next)."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
 
 
 def empty_steps() -> StepColumns:
