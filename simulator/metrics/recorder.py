@@ -403,10 +403,10 @@ class MetricsRecorder:
                     self._coded.setdefault(name, []).append(coded)
                 if streamed:
                     self._tables.setdefault(name, []).append(coded[0])
-            elif not (streamed and name == "duration_s"):  # busy_s reads it from the file
+            else:
                 if keep:
                     self._steps.setdefault(name, []).append(compact[name] if full else _narrow(chunk[name]))
-                if streamed:
+                if streamed and name != "duration_s":  # read back, busy_s sums it from the file
                     dt = compact[name].dtype
                     self._dtypes[name] = np.result_type(self._dtypes.get(name, dt), dt)
         if streamed:
@@ -492,12 +492,7 @@ class MetricsRecorder:
             return 0.0
         if self._spilled:
             return self._streamed_steps()[1]
-        if self._writer is None:
-            return float(self.step_columns()["duration_s"].sum())
-        import pyarrow.parquet as pq
-
-        durations = pq.read_table(self._writer.path, columns=["duration_s"]).column(0).to_numpy()
-        return float(durations.sum())
+        return float(self.step_columns()["duration_s"].sum())
 
     def _streamed_steps(self) -> tuple[StreamedSteps, float]:
         """A streamed run's StepColumns (read back from its file) and busy_s: the durations
