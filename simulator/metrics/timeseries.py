@@ -451,12 +451,16 @@ def _lines(heads: list[bytes], texts: list[np.ndarray], tails: np.ndarray) -> by
     (no Python per line; the text itself has no NUL: openmetrics_bytes checks the labels)."""
     width_h = max(map(len, heads))
     width_v = max(t.shape[1] for t in texts)
-    m = np.zeros((len(tails), len(heads), width_h + width_v + tails.shape[1]), np.uint8)
-    for j, (h, t) in enumerate(zip(heads, texts)):
-        m[:, j, :len(h)] = np.frombuffer(h, np.uint8)
+    m = np.empty((len(tails), len(heads), width_h + width_v + tails.shape[1]), np.uint8)
+    for j, (h, t) in enumerate(zip(heads, texts)):  # every byte written once (no zeros pass)
+        head = np.zeros(width_h, np.uint8)
+        head[:len(h)] = np.frombuffer(h, np.uint8)
+        m[:, j, :width_h] = head
         m[:, j, width_h:width_h + t.shape[1]] = t
+        m[:, j, width_h + t.shape[1]:width_h + width_v] = 0
     m[:, :, width_h + width_v:] = tails[:, None, :]
-    return m[m != 0].tobytes()
+    flat = m.reshape(-1)
+    return flat[flat != 0].tobytes()
 
 
 def _le(b: float) -> str:
