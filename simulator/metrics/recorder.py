@@ -565,6 +565,7 @@ class MetricsRecorder:
         self.finish()
         if self._requests is None:
             self._requests = self._requests_table()
+            self._req_chunks = []  # the table holds them now (a million requests: ~0.1 GB)
         return self._requests
 
     def _requests_table(self) -> pd.DataFrame:
