@@ -4,6 +4,7 @@ Run from the project root:
     python experiments/bench_core.py                       # W1-W4 (W4 at 100,000 requests)
     python experiments/bench_core.py --only w4 --w4-requests 1000000 --no-step
     python experiments/bench_core.py --only w4 --w4-requests 1000000 --w4-growth-from 100000
+    python experiments/bench_core.py --w4-memory 100000 200000 300000   # peak RSS per step
 Each run is a separate `python -m simulator run` process (wall = the whole command, peak RSS
 from wait4, iterations.parquet written unless --no-iterations). Per workload it prints wall,
 engine steps, steps per wall second, peak RSS and the speed-up over `engine.advance: step`
@@ -57,8 +58,14 @@ def main() -> None:
     ap.add_argument("--no-iterations", action="store_true", help="runs skip iterations.parquet")
     ap.add_argument("--w4-growth-from", type=int, metavar="N",
                     help="also run W4 at N requests and print the growth to --w4-requests")
+    ap.add_argument("--w4-memory", type=int, nargs="+", metavar="N",
+                    help="only W4 at each N requests (--w4-rate): peak RSS and its growth per "
+                         "engine step between consecutive sizes")
     args = ap.parse_args()
     print("load average (1, 5, 15 min): " + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
+    if args.w4_memory:
+        memory_growth(args.w4_memory, args.w4_rate, not args.no_iterations)
+        return
     print(f"{'workload':<28} {'wall s':>8} {'steps':>10} {'steps/s':>10} {'RSS GB':>7} "
           f"{'step wall s':>11} {'speed-up':>8}")
     for name in args.only:
@@ -94,6 +101,21 @@ def main() -> None:
             print(f"W4 growth {args.w4_growth_from:,} -> {args.w4_requests:,} requests: wall "
                   f"{ev['wall_s'] / base['wall_s']:.2f}x, steps {ev['steps'] / base['steps']:.2f}x, "
                   f"peak RSS {ev['rss_gb'] / base['rss_gb']:.2f}x", flush=True)
+    print("load average (1, 5, 15 min): " + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
+
+
+def memory_growth(sizes: list[int], rate: float, iterations: bool) -> None:
+    """Peak RSS of W4 at each size and the bytes per engine step it grows by from the size
+    before (what is kept per step, whatever the fixed cost of the process)."""
+    print(f"{'W4 requests':>12} {'steps':>11} {'wall s':>8} {'peak RSS GB':>11} {'bytes/step':>10}")
+    last = None
+    for n in sizes:
+        r = one_run("w4_scale.yaml", [f"workload.num_requests={n}", f"workload.arrival.rate={rate}"],
+                    "event", iterations)
+        growth = (f"{(r['rss_gb'] - last['rss_gb']) * 1e9 / (r['steps'] - last['steps']):>10.1f}"
+                  if last is not None and r["steps"] > last["steps"] else f"{'-':>10}")
+        print(f"{n:>12,} {r['steps']:>11,} {r['wall_s']:>8.1f} {r['rss_gb']:>11.3f} {growth}", flush=True)
+        last = r
     print("load average (1, 5, 15 min): " + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
 
 

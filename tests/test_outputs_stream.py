@@ -5,6 +5,7 @@ the same files (or the same table contents) as building everything in memory at 
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -12,11 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 
 import simulator.metrics.recorder as recorder_mod
+import simulator.metrics.steps as steps_mod
 import simulator.metrics.timeseries as ts_mod
 from simulator.config.schema import build_config
 from simulator.engine.run import run
+from simulator.errors import ConfigError
 from simulator.metrics.alerts import AlertRule, firings
-from simulator.metrics.steps import as_steps
+from simulator.metrics.steps import StreamedSteps, as_steps
 from simulator.metrics.timeseries import (
     StepFunction,
     auto_interval,
@@ -75,6 +78,13 @@ def test_no_iterations_keeps_no_table_and_the_same_summary(tmp_path):
     assert not (out / "iterations.parquet").exists()
     for name in ("summary.json", "timeseries.parquet", "openmetrics.txt", "alerts.json"):
         assert (out / name).read_bytes() == (ref / name).read_bytes(), name
+
+
+def test_a_short_streamed_run_keeps_its_compact_columns(tmp_path):
+    res = run(_config(), iterations_path=tmp_path / "it.parquet")
+    assert not isinstance(res.steps, StreamedSteps)
+    _same_steps(run(_config()).steps, res.steps)
+    assert np.array_equal(res.steps["duration_s"], res.iterations.duration_s.to_numpy())
 
 
 def test_compact_columns_are_the_table_columns():
@@ -185,3 +195,152 @@ def test_lean_firings_equal_the_definition(seed):
         rule = AlertRule("r", "pending", 2.0, for_s=for_s)
         got = [(f.start_s, f.end_s, f.peak, f.peak_s, f.resolved) for f in firings(rule, fn, 1.0, 49.0)]
         assert got == _firings_reference(rule, fn, 1.0, 49.0)
+
+
+# --- streamed runs read their StepColumns back from iterations.parquet ------------------------
+
+
+def _same_steps(a, b):
+    assert np.array_equal(a.ends, b.ends) and len(a) == len(b)
+    for name in a.columns:
+        if name == "duration_s" and isinstance(b, StreamedSteps):  # busy_s sums it from the file
+            assert name not in b
+            continue
+        assert name in b
+        assert b[name].dtype == a[name].dtype and np.array_equal(a[name], b[name]), name
+    for name, (codes, table) in a.coded.items():
+        got = b.sort_key(name)
+        assert got is not None and got[0].dtype == codes.dtype, name
+        assert np.array_equal(got[0], codes) and np.array_equal(got[1], table), name
+
+
+@pytest.mark.parametrize("codes,keep_steps", [(True, 0), (True, 20), (False, 0)])
+def test_streamed_steps_are_the_in_memory_compact_columns(tmp_path, monkeypatch, codes, keep_steps):
+    """A streamed run past _KEEP_STEPS (at once, or after a few chunks) reads its columns back:
+    several chunks and row groups, a cache too small to keep a column (every access reads the
+    file again), kv_usage codable or not: the same arrays, dtypes and summary."""
+    monkeypatch.setattr(recorder_mod, "_KEEP_STEPS", keep_steps)
+    monkeypatch.setattr(recorder_mod, "_CHUNK_ROWS", 7)
+    monkeypatch.setattr(recorder_mod, "ROW_GROUP_ROWS", 10)
+    if not codes:
+        monkeypatch.setattr(recorder_mod, "_MAX_CODES", 3)
+    cfg = _config(["engine.enable_prefix_caching=true"])
+    mem = run(cfg)
+    monkeypatch.setattr(steps_mod, "CACHE_BYTES", 16)
+    res = run(cfg, iterations_path=tmp_path / "it.parquet")
+    assert isinstance(res.steps, StreamedSteps) and not isinstance(mem.steps, StreamedSteps)
+    assert res.recorder._steps == {} and res.recorder._ends == []  # nothing per step kept
+    assert pq.ParquetFile(tmp_path / "it.parquet").metadata.num_row_groups > 1
+    assert (res.steps.sort_key("kv_usage") is None) == (not codes)
+    _same_steps(mem.steps, res.steps)
+    assert set(mem.steps.columns) | set(mem.steps.coded) == {
+        n for n in steps_mod.DERIVED_COLUMNS if n in res.steps} | {"duration_s"}
+    assert json.dumps(res.summary, sort_keys=True) == json.dumps(mem.summary, sort_keys=True)
+    a, b = mem.write(tmp_path / "mem"), res.write(tmp_path / "stream")
+    for name in FILES:  # (row groups of 10 rows: the same table in another file layout)
+        if name != "iterations.parquet":
+            assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    assert res.iterations.equals(mem.iterations)
+
+
+def test_streamed_steps_follow_the_file_when_it_moves(tmp_path, monkeypatch):
+    monkeypatch.setattr(recorder_mod, "_KEEP_STEPS", 0)
+    out = tmp_path / "run"
+    out.mkdir()
+    res = run(_config(), iterations_path=out / ".partial")
+    _ = res.summary  # read back once from the partial file
+    res.write(out)  # moved to iterations.parquet
+    steps = res.steps
+    steps._cache.clear()  # the next read goes to the file again, at its new place
+    assert np.array_equal(steps["num_running"], as_steps(pd.read_parquet(out / "iterations.parquet"))
+                          ["num_running"])
+
+
+# --- OpenMetrics text and histogram counts as arrays ------------------------------------------
+def _num_reference(v: float) -> str:
+    """Shortest exact text, integers without a decimal point (inf and nan as repr writes them)."""
+    f = float(v)
+    if math.isfinite(f) and f == int(f) and abs(f) < 2**53:
+        return str(int(f))
+    return repr(f)
+
+
+def test_number_text_matches_the_definition():
+    rng = np.random.default_rng(7)
+    special = [0.0, -0.0, 1.0, -1.0, 9.0, 10.0, 99.0, 100.0, -100.0, 2.0**53 - 1, 2.0**53, -2.0**53,
+               1e300, -1e-300, 0.1, 1e16, 5e-324, 123456789.5, np.inf, -np.inf, np.nan]
+    values = np.concatenate([special, rng.integers(-10**12, 10**12, 300).astype(np.float64),
+                             rng.normal(0, 1e3, 300), rng.random(50).round(2)])
+    for chunk in (values, values[:3], values[3:4], rng.integers(0, 9, 40).astype(np.float64)):
+        rows = ts_mod._num_bytes(chunk)
+        assert [bytes(r).replace(b"\0", b"").decode() for r in rows] == \
+            [_num_reference(v) for v in chunk]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bucket_counts_equal_the_running_counts(seed, monkeypatch):
+    monkeypatch.setattr(ts_mod, "_EVENT_BLOCK", 13)
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 500))
+    times = rng.uniform(0, 20, n).round(1)  # unsorted, with ties
+    values = rng.exponential(2.0, n)
+    values[rng.random(n) < 0.05] = np.nan
+    if seed % 2:
+        values = rng.integers(0, 3000, n).astype(np.int16)
+    bounds = ts_mod.TTFT_BUCKETS_S if not seed % 2 else ts_mod.ITERATION_TOKEN_BUCKETS
+    g = ts_mod.grid(18.0, 0.5)
+    want = [ts_mod._counter(times, values <= b, g) for b in bounds] + [ts_mod._count(times, g)]
+    got = ts_mod._bucket_counts(times, values, bounds, g)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def _openmetrics_reference(requests, iterations, interval_s, labels, start_unix_s):
+    """The text line by line, as it was written before the byte-matrix version."""
+    steps = as_steps(iterations)
+    _, t1 = ts_mod.run_window(requests, steps)
+    g = ts_mod.grid(t1, interval_s)
+    lab = ",".join(f'{k}="{ts_mod._escape(str(v))}"' for k, v in sorted(labels.items()))
+    sel = "{" + lab + "}" if lab else ""
+    stamps = [f"{start_unix_s + t:.3f}" for t in g.tolist()]
+    out = []
+    for name, (col, help_) in ts_mod.GAUGES.items():
+        out.append(f"# HELP {name} {help_}\n# TYPE {name} gauge\n")
+        vals = ts_mod.gauge(steps, col).at(g)
+        out += [f"{name}{sel} {_num_reference(v)} {t}\n" for v, t in zip(vals, stamps)]
+    for name, (times, inc) in ts_mod._counter_events(requests, steps):
+        out.append(f"# HELP {name} {ts_mod.COUNTERS[name]}\n# TYPE {name} counter\n")
+        vals = ts_mod._counter(times, inc, g)
+        out += [f"{name}_total{sel} {_num_reference(v)} {t}\n" for v, t in zip(vals, stamps)]
+    pre = lab + "," if lab else ""
+    for name, (times, values) in ts_mod._histogram_observations(requests, steps):
+        help_, buckets = ts_mod.HISTOGRAMS[name]
+        out.append(f"# HELP {name} {help_}\n# TYPE {name} histogram\n")
+        if name.endswith("_seconds"):
+            out.append(f"# UNIT {name} seconds\n")
+        counts = [ts_mod._counter(times, values <= b, g) for b in buckets] + [ts_mod._count(times, g)]
+        sums = ts_mod._counter(times, values, g)
+        les = [ts_mod._le(b) for b in buckets] + ["+Inf"]
+        for k, t in enumerate(stamps):
+            out += [f'{name}_bucket{{{pre}le="{le}"}} {_num_reference(c[k])} {t}\n'
+                    for le, c in zip(les, counts)]
+            out += [f"{name}_count{sel} {_num_reference(counts[-1][k])} {t}\n",
+                    f"{name}_sum{sel} {_num_reference(sums[k])} {t}\n"]
+    out.append("# EOF\n")
+    return "".join(out)
+
+
+@pytest.mark.parametrize("labels", [{}, {"model_name": 'Llama "é" 7b\\x', "b": "2"}])
+def test_openmetrics_text_matches_the_line_by_line_definition(tmp_path, monkeypatch, labels):
+    monkeypatch.setattr(ts_mod, "_CHUNK_SAMPLES", 5)
+    res = run(_config(["engine.enable_prefix_caching=true"]))
+    want = _openmetrics_reference(res.requests, res.steps, 0.25, labels, 1.7e9)
+    assert ts_mod.to_openmetrics(res.requests, res.steps, interval_s=0.25, labels=labels,
+                                 start_unix_s=1.7e9) == want
+    path = tmp_path / "om.txt"
+    ts_mod.write_openmetrics(path, res.requests, res.iterations, interval_s=0.25, labels=labels,
+                             start_unix_s=1.7e9)
+    assert path.read_bytes() == want.encode()
+    with pytest.raises(ConfigError, match="NUL"):
+        ts_mod.to_openmetrics(res.requests, res.steps, labels={"model_name": "a\0b"})

@@ -141,8 +141,9 @@ def main(args: argparse.Namespace) -> int:
     check_out_file(args.trace_steps, "--trace-steps")
     if args.seeds > 1:
         return _main_seeds(args, config)
-    out_console = make_console()
-    update, stop = _progress_factory(make_console(stderr=True))
+    # NOTE: --quiet prints one line: no rich console (nor its import) at all
+    out_console = None if args.quiet else make_console()
+    update, stop = (None, lambda: None) if args.quiet else _progress_factory(make_console(stderr=True))
     trace = None
     if args.trace_steps:
         from simulator.engine.steptrace import StepTrace
@@ -152,7 +153,7 @@ def main(args: argparse.Namespace) -> int:
         if not args.quiet:
             print_setup(out_console, setup)
     try:
-        result = run(config, progress=None if args.quiet else update, trace=trace, on_setup=on_setup,
+        result = run(config, progress=update, trace=trace, on_setup=on_setup,
                      **_iterations_args(Path(args.out), args.iterations))
     finally:
         stop()

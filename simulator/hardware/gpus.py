@@ -74,13 +74,24 @@ def _profiles_dir():
     return data_dir("gpu_profiles")
 
 
+# NOTE: the packaged profiles are read with libyaml's parser where PyYAML has it (the same
+# safe constructor and resolver, so the same data; ~10x faster than the pure-Python parser)
+_FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+@cache
+def _packaged_data(file_name: str) -> dict[str, Any]:
+    """A packaged profile's YAML data, parsed once (the index and the spec share it)."""
+    return yaml.load((_profiles_dir() / file_name).read_text(), Loader=_FAST_LOADER)
+
+
 @cache
 def _index() -> dict[str, str]:
     """name or alias -> yaml file name."""
     out: dict[str, str] = {}
     for entry in _profiles_dir().iterdir():
         if entry.name.endswith(".yaml"):
-            data = yaml.safe_load(entry.read_text())
+            data = _packaged_data(entry.name)
             out[data["name"]] = entry.name
             for alias in data.get("aliases") or []:
                 out[alias] = entry.name
@@ -130,5 +141,4 @@ def get_gpu(name: str) -> GpuSpec:
 
 @cache
 def _load_packaged(file_name: str) -> GpuSpec:
-    entry = _profiles_dir() / file_name
-    return _from_dict(yaml.safe_load(entry.read_text()), f"gpu_profiles/{file_name}")
+    return _from_dict(_packaged_data(file_name), f"gpu_profiles/{file_name}")

@@ -181,12 +181,19 @@ def firings(rule: AlertRule, fn: StepFunction, t0: float, t1: float) -> list[Fir
 
 def evaluate(rules: list[AlertRule], requests: pd.DataFrame,
              iterations: Iterations) -> list[Firing]:
-    """Every firing of every rule over the run window, ordered by rule then start time."""
+    """Every firing of every rule over the run window, ordered by rule then start time.
+    NOTE: kept in the steps' memo for the same rules and requests frame (the summary's alerts
+    section and alerts.json come from one evaluation)."""
     iterations = as_steps(iterations)
+    key = ("alerts.evaluate", tuple(rules))
+    seen = iterations.memo.get(key)
+    if seen is not None and seen[0] is requests:
+        return list(seen[1])
     t0, t1 = run_window(requests, iterations)
     out: list[Firing] = []
     for rule in rules:
         out += firings(rule, signal(rule.signal, requests, iterations, rule.window_s), t0, t1)
+    iterations.memo[key] = (requests, tuple(out))
     return out
 
 

@@ -30,7 +30,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.metrics.steps import DERIVED_COLUMNS, StepColumns, empty_steps
+from simulator.metrics.steps import (
+    DERIVED_COLUMNS,
+    StepColumns,
+    StreamedSteps,
+    empty_steps,
+    read_ends_and_durations,
+    release_arrow_memory,
+)
 from simulator.workload.request import Request
 
 ITER_COLUMNS = ("start_s", "duration_s", "num_seqs", "num_tokens", "prefill_tokens",
@@ -88,6 +95,9 @@ _NUM_OPTIONAL = len(_OPTIONAL)
 
 _CHUNK_ROWS = 1 << 16  # steps gathered before they become typed columns
 ROW_GROUP_ROWS = 1024 * 1024  # pyarrow's default row group length (DataFrame.to_parquet's)
+# a streamed run keeps its StepColumns in memory up to this many steps (~30 bytes a step), then
+# drops them and reads them back from its file at the end (StreamedSteps)
+_KEEP_STEPS = 1 << 22
 _REQUEST_CHUNK = 4096  # ended requests kept as objects before they become typed columns
 _INT_TYPES = (np.int8, np.int16, np.int32)
 
@@ -209,6 +219,7 @@ class IterationsWriter:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+            release_arrow_memory()
         elif not self.num_rows:
             pd.DataFrame({c: np.asarray(()) for c in ITER_COLUMNS}).to_parquet(self.path, index=False)
 
@@ -234,6 +245,14 @@ class MetricsRecorder:
         self._steps: dict[str, list[np.ndarray]] = {}  # StepColumns chunks (compact)
         self._coded: dict[str, list[tuple[np.ndarray | None, np.ndarray]]] = {}  # (table, codes)
         self._ends: list[np.ndarray] = []
+        # a streamed run past _KEEP_STEPS keeps no StepColumns: each column's compact dtype
+        # and each coded chunk's table of distinct values (None: not codable) let them be
+        # read back from its file
+        self._dtypes: dict[str, np.dtype] = {}
+        self._tables: dict[str, list[np.ndarray | None]] = {}
+        self._read_back: tuple[StreamedSteps, float] | None = None
+        self._spilled = False  # a streamed run past _KEEP_STEPS steps: no StepColumns kept
+        self._step_columns: StepColumns | None = None
         self._full: list[dict[str, np.ndarray]] | None = [] if keep_iterations else None
         self._writer = IterationsWriter(iterations_path) if iterations_path is not None else None
         self._gap_values: list[np.ndarray] = []
@@ -373,18 +392,35 @@ class MetricsRecorder:
                 self._totals[idx] = last
             chunk[name] = col
         self._rows, self._row_at, self._blocks, self._n = [], [], [], 0
-        self._ends.append(chunk["start_s"] + chunk["duration_s"])
+        streamed = self._writer is not None
+        # (one compact array per column, shared by the StepColumns and the full row)
+        full = streamed or self._full is not None
+        compact = {c: _narrow(v) for c, v in chunk.items()} if full else None
+        keep = not self._spilled
+        if keep:
+            self._ends.append(chunk["start_s"] + chunk["duration_s"])
         for name in DERIVED_COLUMNS:
-            if name in _CODED and name in chunk:
-                self._coded.setdefault(name, []).append(_encode(chunk[name]))
-            elif name == "duration_s" and self._writer is not None:
-                continue  # in the file: busy_s reads it back (8 bytes a step less)
-            elif name in chunk and not (name == "decode_tokens" and "num_sampled" in chunk):
-                self._steps.setdefault(name, []).append(_narrow(chunk[name]))
-        if self._writer is not None:
-            self._writer.write({c: _narrow(v) for c, v in chunk.items()})
+            if name not in chunk or (name == "decode_tokens" and "num_sampled" in chunk):
+                continue
+            if name in _CODED:
+                coded = _encode(chunk[name])
+                if keep:
+                    self._coded.setdefault(name, []).append(coded)
+                if streamed:
+                    self._tables.setdefault(name, []).append(coded[0])
+            else:
+                if keep:
+                    self._steps.setdefault(name, []).append(compact[name] if full else _narrow(chunk[name]))
+                if streamed and name != "duration_s":  # read back, busy_s sums it from the file
+                    dt = compact[name].dtype
+                    self._dtypes[name] = np.result_type(self._dtypes.get(name, dt), dt)
+        if streamed:
+            self._writer.write(compact)
+            if keep and self.num_steps > _KEEP_STEPS:  # from now on read back from the file
+                self._spilled = True
+                self._steps, self._coded, self._ends = {}, {}, []
         elif self._full is not None:
-            self._full.append({c: _narrow(v) for c, v in chunk.items()})
+            self._full.append(compact)
 
     def add_token_gaps(self, gaps: np.ndarray) -> None:
         # Most gaps in a step are equal (one step duration): they are kept as (value, count),
@@ -459,17 +495,43 @@ class MetricsRecorder:
         self.finish()
         if not self.num_steps:
             return 0.0
-        if "duration_s" in self._steps:
-            return float(self.step_columns()["duration_s"].sum())
-        import pyarrow.parquet as pq
+        if self._spilled:
+            return self._streamed_steps()[1]
+        return float(self.step_columns()["duration_s"].sum())
 
-        durations = pq.read_table(self._writer.path, columns=["duration_s"]).column(0).to_numpy()
-        return float(durations.sum())
+    def _streamed_steps(self) -> tuple[StreamedSteps, float]:
+        """A streamed run's StepColumns (read back from its file) and busy_s: the durations
+        are read once, summed whole (the pairwise sum over the column) and added to the
+        starts for the step ends; the coded columns' tables merged as _merge_codes merges
+        the chunks' (a column that cannot be coded is read as its floats)."""
+        if self._read_back is None:
+            ends, durations = read_ends_and_durations(self._writer.path)
+            busy = float(durations.sum())
+            del durations
+            tables = {}
+            dtypes = dict(self._dtypes)
+            for name, parts in self._tables.items():
+                table = None
+                if all(t is not None for t in parts):
+                    table = parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
+                    if len(table) > _MAX_CODES or not all(
+                            _same_bits(table[np.searchsorted(table, t)], t) for t in parts):
+                        table = None
+                if table is not None:
+                    tables[name] = table
+                dtypes[name] = np.dtype(np.float64)
+            writer = self._writer
+            self._read_back = (StreamedSteps(ends, lambda: writer.path, dtypes, tables), busy)
+        return self._read_back
 
     # --- tables ---------------------------------------------------------------------------
     def step_columns(self) -> StepColumns:
         """What the summary, time series and alerts read (steps.py), compact."""
         self.finish()
+        if self._spilled:
+            return self._streamed_steps()[0]
+        if self._step_columns is not None:
+            return self._step_columns
         if not self._ends:
             return empty_steps()
         cols = {}
@@ -486,7 +548,8 @@ class MetricsRecorder:
             self._coded[name] = [merged]
         ends = np.concatenate(self._ends) if len(self._ends) > 1 else self._ends[0]
         self._ends = [ends]
-        return StepColumns(ends, cols, coded)
+        self._step_columns = StepColumns(ends, cols, coded)  # one object: its memo is shared
+        return self._step_columns
 
     def iterations_frame(self) -> pd.DataFrame:
         """The iterations table (int64 / float64 columns): read back from the streamed file,
@@ -507,6 +570,7 @@ class MetricsRecorder:
         self.finish()
         if self._requests is None:
             self._requests = self._requests_table()
+            self._req_chunks = []  # the table holds them now (a million requests: ~0.1 GB)
         return self._requests
 
     def _requests_table(self) -> pd.DataFrame:
@@ -538,14 +602,29 @@ class MetricsRecorder:
 
     def token_gaps(self, *, release: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(sorted gap values, how many gaps had each value); `release` drops the recorder's
-        own copy (the summary's last use, so that its memory is free for what follows)."""
+        own copy (the summary's last use, so that its memory is free for what follows). The
+        run is finished first: its last row group is written and freed before the sort.
+        NOTE: with `release`, each part is dropped as soon as it is copied (never two copies)."""
+        self.finish()
         self._compress_gaps()
         if not self._gap_values:
             return np.zeros(0), np.zeros(0, np.int64)
-        v = np.concatenate(self._gap_values)
-        c = np.concatenate(self._gap_counts)
+        values, counts = self._gap_values, self._gap_counts
         if release:
             self._gap_values, self._gap_counts = [], []
+        else:
+            values, counts = list(values), list(counts)
+        n = sum(map(len, values))
+        v, c = np.empty(n), np.empty(n, counts[0].dtype)
+        pos = 0
+        values.reverse()
+        counts.reverse()
+        while values:
+            part, part_counts = values.pop(), counts.pop()
+            v[pos:pos + len(part)] = part
+            c[pos:pos + len(part)] = part_counts
+            pos += len(part)
+        del part, part_counts
         order = np.argsort(v, kind="stable")
         c = c[order]
         del order

@@ -11,6 +11,10 @@ int64 gives the same float64 values).
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
@@ -30,13 +34,16 @@ class StepColumns:
     column with few distinct values (kv_usage: one per free-block count) may be kept as codes
     into its sorted table of values (`coded`, 2 bytes a step): [] decodes it (a new array)."""
 
-    __slots__ = ("ends", "columns", "coded")
+    __slots__ = ("ends", "columns", "coded", "memo")
 
     def __init__(self, ends: np.ndarray, columns: dict[str, np.ndarray],
                  coded: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
         self.ends = ends
         self.columns = columns
         self.coded = coded or {}  # name -> (codes, sorted distinct values)
+        # results derived from these steps, kept for a second caller (alerts.evaluate: the
+        # summary and alerts.json read the same firings)
+        self.memo: dict = {}
 
     def __len__(self) -> int:
         return len(self.ends)
@@ -57,6 +64,97 @@ class StepColumns:
     def sort_key(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
         """(codes, table) of a coded column: codes order as the values do (ties alike)."""
         return self.coded.get(name)
+
+
+CACHE_BYTES = 256 << 20  # columns read back kept in memory (most recently used first)
+
+
+class StreamedSteps(StepColumns):
+    """The StepColumns of a streamed run, read back from its iterations.parquet when asked for,
+    so that nothing per step but the step ends is held between the run and its outputs. A
+    column is read row group by row group into the compact dtype the in-memory recorder would
+    have kept (`dtypes`: the narrowest integer dtype of every chunk, promoted), a coded column
+    as uint16 codes into `tables[name]` (the merged table of every chunk's distinct values):
+    the same arrays, so every derived figure is the same. Columns read are kept, most recent
+    first, up to CACHE_BYTES (a run of a few million steps keeps them all; a longer one
+    reads a column again when it was dropped)."""
+
+    __slots__ = ("_path", "_dtypes", "_tables", "_cache", "_cached")
+
+    def __init__(self, ends: np.ndarray, path: Callable[[], Path], dtypes: dict[str, np.dtype],
+                 tables: dict[str, np.ndarray]) -> None:
+        super().__init__(ends, {}, {})
+        self._path = path  # the file's current place (Result.write moves it)
+        self._dtypes = dtypes
+        self._tables = tables
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cached = 0
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._dtypes
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in self._tables:
+            return self._tables[name][self._read(name)]
+        return self._read(name)
+
+    def sort_key(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        table = self._tables.get(name)
+        return None if table is None else (self._read(name), table)
+
+    def _read(self, name: str) -> np.ndarray:
+        """1. a cached column as it is; 2. else one array of the compact dtype filled row group
+        by row group (codes: positions in the table, exact as the recorder checked); 3. kept
+        if it fits CACHE_BYTES with the most recent others."""
+        col = self._cache.get(name)
+        if col is not None:
+            self._cache.move_to_end(name)
+            return col
+        import pyarrow.parquet as pq
+
+        table = self._tables.get(name)
+        col = np.empty(len(self.ends), np.uint16 if table is not None else self._dtypes[name])
+        with pq.ParquetFile(self._path()) as f:
+            pos = 0
+            for i in range(f.metadata.num_row_groups):
+                part = f.read_row_group(i, columns=[name]).column(0).to_numpy()
+                col[pos:pos + len(part)] = part if table is None else np.searchsorted(table, part)
+                pos += len(part)
+        release_arrow_memory()
+        if col.nbytes <= CACHE_BYTES:
+            self._cache[name] = col
+            self._cached += col.nbytes
+            while self._cached > CACHE_BYTES:
+                _, old = self._cache.popitem(last=False)
+                self._cached -= old.nbytes
+        return col
+
+
+def read_ends_and_durations(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(start_s + duration_s, duration_s) of every step of an iterations.parquet, the sums
+    made row group by row group (element-wise: the same floats as over the whole columns)."""
+    import pyarrow.parquet as pq
+
+    with pq.ParquetFile(path) as f:
+        n = f.metadata.num_rows
+        ends, durations = np.empty(n), np.empty(n)
+        pos = 0
+        for i in range(f.metadata.num_row_groups):
+            group = f.read_row_group(i, columns=["start_s", "duration_s"])
+            k = group.num_rows
+            durations[pos:pos + k] = group.column(1).to_numpy()
+            np.add(group.column(0).to_numpy(), durations[pos:pos + k], out=ends[pos:pos + k])
+            pos += k
+    release_arrow_memory()
+    return ends, durations
+
+
+def release_arrow_memory() -> None:
+    """Hand pyarrow's freed buffers back to the system (its pool keeps them otherwise, on top
+    of what numpy allocates next)."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
 
 
 def empty_steps() -> StepColumns:

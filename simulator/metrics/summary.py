@@ -60,9 +60,10 @@ def _stats(x: np.ndarray) -> dict[str, float | None]:
 def _weighted_stats(values: np.ndarray, counts: np.ndarray) -> dict[str, float | None]:
     if len(values) == 0:
         return {"mean": None, **{f"p{p}": None for p in PCTS}, "max": None}
+    dot = values @ counts  # NOTE: before the cumulative counts: one temporary at a time
     cum = np.cumsum(counts)
     total = cum[-1]
-    out = {"mean": float(values @ counts / total)}
+    out = {"mean": float(dot / total)}
     for p in PCTS:
         out[f"p{p}"] = float(values[np.searchsorted(cum, p / 100 * total, side="left")])
     out["max"] = float(values[-1])
@@ -110,22 +111,16 @@ def summarize(recorder: MetricsRecorder, num_arrived: int, *, slo: dict | None =
     iters = recorder.step_columns()
     targets = resolve_slo(slo)
     rules = resolve_rules(alerts)
-    done = reqs[reqs.status == "finished"]
-    rejected = reqs[reqs.status == "rejected"]
     t0, t1 = run_window(reqs, iters)
     makespan = t1 - t0
-    multi = done[done.output_tokens > 1]
-    batch = {
-        "num_iterations": int(len(iters)),
-        "num_seqs": _batch_stats(iters["num_seqs"] if len(iters) else np.zeros(0)),
-        "num_tokens": _batch_stats(iters["num_tokens"] if len(iters) else np.zeros(0)),
-        "max_running": int(iters["num_running"].max()) if len(iters) else 0,
-    }
-    gauges = _Gauges(iters, t0, t1)
 
     def rate(x: float) -> float:
         return x / makespan if makespan > 0 else 0.0
 
+    # 1. what the requests give (their frames dropped before the per-step columns are read)
+    done = reqs[reqs.status == "finished"]
+    rejected = reqs[reqs.status == "rejected"]
+    multi = done[done.output_tokens > 1]
     ttft = (done.first_token_s - done.arrival_s).to_numpy()
     tpot_all = ((done.finish_s - done.first_token_s)
                 / np.maximum(done.output_tokens - 1, 1)).to_numpy()
@@ -135,33 +130,58 @@ def summarize(recorder: MetricsRecorder, num_arrived: int, *, slo: dict | None =
     if targets.tpot_s is not None:
         met &= (done.output_tokens.to_numpy() <= 1) | (tpot_all <= targets.tpot_s)
     num_met = int(met.sum())
+    del tpot_all, met
 
     total_preempt = int(reqs.num_preemptions.sum())
+    requests = {
+        "arrived": int(num_arrived),
+        "finished": int(len(done)),
+        "rejected": int(len(rejected)),
+        "rejected_by_reason": {k: int(v) for k, v in
+                               sorted(rejected.reject_reason.value_counts().items())},
+        "preempted_at_least_once": int((done.num_preemptions > 0).sum()),
+    }
+    throughput = {
+        "requests_per_s": rate(len(done)),
+        "input_tokens_per_s": rate(float(done.prompt_tokens.sum())),
+        "output_tokens_per_s": rate(float(done.output_tokens.sum())),
+    }
+    latency = {
+        "ttft": _stats(ttft),
+        "tpot": _stats(((multi.finish_s - multi.first_token_s) / (multi.output_tokens - 1)).to_numpy()),
+        "itl": itl,
+        "e2e": _stats((done.finish_s - done.arrival_s).to_numpy()),
+        "queue": _stats((done.first_scheduled_s - done.arrival_s).to_numpy()),
+    }
+    preemptions = {
+        "total": total_preempt,
+        "per_s": rate(float(total_preempt)),
+        "requests_share": _ratio(float((done.num_preemptions > 0).sum()), len(done)),
+        "rate": _ratio(total_preempt, total_preempt + len(done)),
+    }
+    prefix = _prefix_section(iters, done)
+    groups = _groups_section(done)
+    del done, rejected, multi, ttft
+    # 2. what the steps give, one column at a time
+    batch = {
+        "num_iterations": int(len(iters)),
+        "num_seqs": _batch_stats(iters["num_seqs"] if len(iters) else np.zeros(0)),
+        "num_tokens": _batch_stats(iters["num_tokens"] if len(iters) else np.zeros(0)),
+        "max_running": int(iters["num_running"].max()) if len(iters) else 0,
+    }
+    gauges = _Gauges(iters, t0, t1)
+    kv_cache = _kv_section(recorder.total_slots, gauges)
+    fragmentation = _fragmentation_section(gauges, kv_allocator)
+    queue = _queue_section(gauges)
+    del gauges
     return {
         "schema_version": SCHEMA_VERSION,
-        "requests": {
-            "arrived": int(num_arrived),
-            "finished": int(len(done)),
-            "rejected": int(len(rejected)),
-            "rejected_by_reason": {k: int(v) for k, v in
-                                   sorted(rejected.reject_reason.value_counts().items())},
-            "preempted_at_least_once": int((done.num_preemptions > 0).sum()),
-        },
+        "requests": requests,
         "window": {"start_s": t0, "end_s": t1},
         "makespan_s": makespan,
         "busy_s": busy,
-        "throughput": {
-            "requests_per_s": rate(len(done)),
-            "input_tokens_per_s": rate(float(done.prompt_tokens.sum())),
-            "output_tokens_per_s": rate(float(done.output_tokens.sum())),
-        },
-        "latency_s": {
-            "ttft": _stats(ttft),
-            "tpot": _stats(((multi.finish_s - multi.first_token_s) / (multi.output_tokens - 1)).to_numpy()),
-            "itl": itl,
-            "e2e": _stats((done.finish_s - done.arrival_s).to_numpy()),
-            "queue": _stats((done.first_scheduled_s - done.arrival_s).to_numpy()),
-        },
+        "throughput": throughput,
+        "latency_s": latency,
         "slo": {
             "ttft_s": targets.ttft_s,
             "tpot_s": targets.tpot_s,
@@ -169,19 +189,14 @@ def summarize(recorder: MetricsRecorder, num_arrived: int, *, slo: dict | None =
             "share": _ratio(num_met, num_arrived),
             "goodput_requests_per_s": rate(num_met),
         },
-        "kv_cache": _kv_section(recorder.total_slots, gauges),
-        "prefix_cache": _prefix_section(iters, done),
-        "fragmentation": _fragmentation_section(gauges, kv_allocator),
+        "kv_cache": kv_cache,
+        "prefix_cache": prefix,
+        "fragmentation": fragmentation,
         "batch": batch,
-        "queue": _queue_section(gauges),
-        "preemptions": {
-            "total": total_preempt,
-            "per_s": rate(float(total_preempt)),
-            "requests_share": _ratio(float((done.num_preemptions > 0).sum()), len(done)),
-            "rate": _ratio(total_preempt, total_preempt + len(done)),
-        },
+        "queue": queue,
+        "preemptions": preemptions,
         "alerts": summarize_alerts(rules, evaluate(rules, reqs, iters)),
-        "groups": _groups_section(done),
+        "groups": groups,
     }
 
 
@@ -286,11 +301,24 @@ def _prefix_section(iters: Iterations, done: pd.DataFrame) -> dict[str, Any]:
             "prefill_tokens_saved": saved}
 
 
+_PIECE = 1 << 20
+
+
+def _internal_slots(used: np.ndarray, stored: np.ndarray) -> np.ndarray:
+    """with_initial(used.astype(int64) - stored): the int64 differences made a piece at a time
+    into the float64 array (no whole-length int64 temporaries)."""
+    v = np.empty(len(used) + 1)
+    v[0] = 0.0
+    for lo in range(0, len(used), _PIECE):
+        v[1 + lo:1 + lo + _PIECE] = used[lo:lo + _PIECE].astype(np.int64) - stored[lo:lo + _PIECE]
+    return v
+
+
 def _fragmentation_section(gauges: _Gauges, kv_allocator: str) -> dict[str, Any]:
     steps = gauges.steps
     used_int = gauges.integral(gauges.values("kv_used_slots"))
     stored_int = gauges.integral(gauges.values("kv_tokens_stored"))
-    internal = with_initial(steps["kv_used_slots"].astype(np.int64) - steps["kv_tokens_stored"])
+    internal = _internal_slots(steps["kv_used_slots"], steps["kv_tokens_stored"])
     internal_int = gauges.integral(internal)
     tw = gauges.stats(internal, p95=False)
     del internal
@@ -420,16 +448,18 @@ def write_monitoring(out_dir, requests: pd.DataFrame, iterations: Iterations, *,
 
     from simulator.metrics.alerts import alerts_document
     from simulator.metrics.steps import as_steps
-    from simulator.metrics.timeseries import auto_interval, build_timeseries, write_openmetrics
+    from simulator.metrics.timeseries import auto_interval, build_timeseries, sample, write_openmetrics
 
     out = Path(out_dir)
     steps = as_steps(iterations)
     if interval_s is None:
         interval_s = auto_interval(run_window(requests, steps)[1])
     rules = resolve_rules(alerts)
-    build_timeseries(requests, steps, interval_s).to_parquet(out / "timeseries.parquet", index=False)
-    write_openmetrics(out / "openmetrics.txt", requests, steps, interval_s=interval_s,
-                      labels=labels)
+    samples = sample(requests, steps, interval_s)  # one pass over the steps for both files
+    build_timeseries(requests, samples=samples).to_parquet(out / "timeseries.parquet", index=False)
+    write_openmetrics(out / "openmetrics.txt", requests, None, interval_s=interval_s,
+                      labels=labels, samples=samples)
+    del samples
     doc = alerts_document(rules, evaluate(rules, requests, steps))
     doc["interval_s"] = interval_s
     (out / "alerts.json").write_text(json.dumps(clean_floats(doc), indent=2, sort_keys=True) + "\n")

@@ -221,6 +221,31 @@ def _count(times: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return np.searchsorted(times, grid, side="right").astype(np.float64)
 
 
+_EVENT_BLOCK = 1 << 20  # events binned at a time by _bucket_counts
+
+
+def _bucket_counts(times: np.ndarray, values: np.ndarray, bounds: tuple[float, ...],
+                   grid: np.ndarray) -> list[np.ndarray]:
+    """[_counter(times, values <= b, grid) for b in bounds] + [_count(times, grid)] in one
+    pass over the events: each event's grid point and bucket binned, then cumulated over both
+    (integer counts, exact as the float running counts of ones they equal); the events a
+    block at a time."""
+    if len(times) > 1 and not (times[1:] >= times[:-1]).all():
+        order = np.argsort(times, kind="stable")
+        times, values = times[order], values[order]
+    pos = np.searchsorted(times, grid, side="right")  # events counted at each grid point
+    edges = np.asarray(bounds, dtype=np.float64)
+    width = len(edges) + 1  # bucket j <=> value <= bounds[j]; past the last (or NaN): +Inf
+    hist = np.zeros((len(grid) + 1) * width, np.int64)
+    for lo in range(0, int(pos[-1]) if len(pos) else 0, _EVENT_BLOCK):
+        hi = min(lo + _EVENT_BLOCK, int(pos[-1]))
+        first = np.searchsorted(pos, np.arange(lo, hi), side="right")  # first grid point counting it
+        bucket = np.searchsorted(edges, values[lo:hi], side="left")
+        hist += np.bincount(first * width + bucket, minlength=len(hist))
+    counts = np.cumsum(np.cumsum(hist.reshape(len(grid) + 1, width), axis=0), axis=1)[:-1]
+    return [counts[:, j].astype(np.float64) for j in range(width)]
+
+
 def generation_token_events(requests: pd.DataFrame, iterations: Iterations) -> tuple[np.ndarray,
                                                                                    np.ndarray]:
     """(times, counts) of sampled output tokens. Exact with a `num_sampled` iteration column;
@@ -300,60 +325,84 @@ def check_interval(interval_s: float) -> None:
                           f"milliseconds), got {interval_s!r}")
 
 
-def _counter_events(requests: pd.DataFrame, iterations: StepColumns) -> dict[str, tuple]:
-    """(times, increments) per counter; per-step increments are the compact columns as they
-    are (views: _counter sums them as float64)."""
+def _counter_events(requests: pd.DataFrame, iterations: StepColumns):
+    """(name, (times, increments)) per counter, one at a time (only one counter's columns are
+    alive at once); per-step increments are the compact columns as they are (_counter sums
+    them as float64)."""
     ends = iterations.ends
-    done = requests[requests.status == "finished"]
+    yield "vllm:num_preemptions", (ends, iterations["num_preempted"])
     started = requests[np.isfinite(requests.first_token_s)]
-    events = {
-        "vllm:num_preemptions": (ends, iterations["num_preempted"]),
-        "vllm:prompt_tokens": (started.first_token_s.to_numpy(np.float64),
-                               started.prompt_tokens.to_numpy(np.float64)),
-        "vllm:generation_tokens": ((ends, iterations["num_sampled"]) if "num_sampled" in iterations
-                                   else generation_token_events(requests, iterations)),
-        "vllm:request_success": (done.finish_s.to_numpy(np.float64), np.ones(len(done))),
-    }
+    yield "vllm:prompt_tokens", (started.first_token_s.to_numpy(np.float64),
+                                 started.prompt_tokens.to_numpy(np.float64))
+    del started
+    yield "vllm:generation_tokens", ((ends, iterations["num_sampled"]) if "num_sampled" in iterations
+                                     else generation_token_events(requests, iterations))
+    done = requests[requests.status == "finished"]
+    yield "vllm:request_success", (done.finish_s.to_numpy(np.float64), np.ones(len(done)))
+    del done
     for name, col in (("vllm:prefix_cache_queries", "prefix_cache_queries"),
                       ("vllm:prefix_cache_hits", "prefix_cache_hits")):
         if col in iterations:
-            events[name] = (ends, iterations[col])
-    return events
+            yield name, (ends, iterations[col])
 
 
-def _histogram_observations(requests: pd.DataFrame, iterations: StepColumns) -> dict[str, tuple]:
-    """(times, values) observed per histogram, at the moment vLLM observes them: TTFT at the
-    first token, E2E and queue time when the request finishes, tokens per step at its end."""
+def _histogram_observations(requests: pd.DataFrame, iterations: StepColumns):
+    """(name, (times, values)) observed per histogram, at the moment vLLM observes them: TTFT
+    at the first token, E2E and queue time when the request finishes, tokens per step at its
+    end."""
     done = requests[requests.status == "finished"]
     started = requests[np.isfinite(requests.first_token_s)]
-    return {
-        "vllm:time_to_first_token_seconds": (
-            started.first_token_s.to_numpy(np.float64),
-            (started.first_token_s - started.arrival_s).to_numpy(np.float64)),
-        "vllm:e2e_request_latency_seconds": (
-            done.finish_s.to_numpy(np.float64), (done.finish_s - done.arrival_s).to_numpy(np.float64)),
-        "vllm:request_queue_time_seconds": (
-            done.finish_s.to_numpy(np.float64),
-            (done.first_scheduled_s - done.arrival_s).to_numpy(np.float64)),
-        "vllm:iteration_tokens_total": (iterations.ends, iterations["num_tokens"]),
-    }
+    yield "vllm:time_to_first_token_seconds", (
+        started.first_token_s.to_numpy(np.float64),
+        (started.first_token_s - started.arrival_s).to_numpy(np.float64))
+    yield "vllm:e2e_request_latency_seconds", (
+        done.finish_s.to_numpy(np.float64), (done.finish_s - done.arrival_s).to_numpy(np.float64))
+    yield "vllm:request_queue_time_seconds", (
+        done.finish_s.to_numpy(np.float64),
+        (done.first_scheduled_s - done.arrival_s).to_numpy(np.float64))
+    yield "vllm:iteration_tokens_total", (iterations.ends, iterations["num_tokens"])
 
 
-def build_timeseries(requests: pd.DataFrame, iterations: Iterations,
-                     interval_s: float = 1.0) -> pd.DataFrame:
-    """One row per sample time: `time_s`, each gauge and each counter (vLLM names; counters as
-    their `_total` sample), histogram `_count`/`_sum`. Counters without data are left out."""
+@dataclass(frozen=True, slots=True)
+class Samples:
+    """Every monitoring series at the grid times: what timeseries.parquet and the OpenMetrics
+    text are both made from (sample: one pass over the steps for the two files)."""
+
+    grid: np.ndarray
+    gauges: dict[str, np.ndarray]  # family -> value at each grid time
+    counters: dict[str, np.ndarray]  # family -> running total (counters with data only)
+    # family -> (running count of observations <= each bucket bound, then of all: +Inf), sum
+    histograms: dict[str, tuple[list[np.ndarray], np.ndarray]]
+
+
+def sample(requests: pd.DataFrame, iterations: Iterations, interval_s: float = 1.0) -> Samples:
+    """1. The grid up to the run window's end; 2. each gauge read at it; 3. each counter's
+    running total at it (then its events dropped); 4. each histogram's bucket counts, count
+    and sum at it."""
     iterations = as_steps(iterations)
     _, t1 = run_window(requests, iterations)
     g = grid(t1, interval_s)
-    cols: dict[str, np.ndarray] = {"time_s": g}
-    for name, (col, _) in GAUGES.items():
-        cols[name] = gauge(iterations, col).at(g)
-    for name, (times, inc) in _counter_events(requests, iterations).items():
-        cols[f"{name}_total"] = _counter(times, inc, g)
-    for name, (times, values) in _histogram_observations(requests, iterations).items():
-        cols[f"{name}_count"] = _count(times, g)
-        cols[f"{name}_sum"] = _counter(times, values, g)
+    gauges = {name: gauge(iterations, col).at(g) for name, (col, _) in GAUGES.items()}
+    counters = {name: _counter(times, inc, g)
+                for name, (times, inc) in _counter_events(requests, iterations)}
+    histograms = {}
+    for name, (times, values) in _histogram_observations(requests, iterations):
+        histograms[name] = (_bucket_counts(times, values, HISTOGRAMS[name][1], g),
+                            _counter(times, values, g))
+    return Samples(g, gauges, counters, histograms)
+
+
+def build_timeseries(requests: pd.DataFrame, iterations: Iterations | None = None,
+                     interval_s: float = 1.0, *, samples: Samples | None = None) -> pd.DataFrame:
+    """One row per sample time: `time_s`, each gauge and each counter (vLLM names; counters as
+    their `_total` sample), histogram `_count`/`_sum`. Counters without data are left out.
+    `samples`: sample(requests, iterations, interval_s) when made already."""
+    s = samples if samples is not None else sample(requests, iterations, interval_s)
+    cols: dict[str, np.ndarray] = {"time_s": s.grid, **s.gauges}
+    cols.update({f"{name}_total": v for name, v in s.counters.items()})
+    for name, (counts, sums) in s.histograms.items():
+        cols[f"{name}_count"] = counts[-1]
+        cols[f"{name}_sum"] = sums
     return pd.DataFrame(cols)
 
 
@@ -366,13 +415,52 @@ def _num(v: float) -> str:
     return repr(f)
 
 
-def _nums(values: np.ndarray) -> list[str]:
-    """_num of every value (integers converted as one array, the rest one by one)."""
+def _num_bytes(values: np.ndarray) -> np.ndarray:
+    """_num of every value as a row of bytes with NULs around it (an (m, width) uint8 matrix):
+    integers by digit arithmetic over the whole array (a sign column, then the digits with
+    NULs for leading zeros), the others as repr's text."""
     vals = np.asarray(values, dtype=np.float64)
     whole = (vals == np.floor(vals)) & (np.abs(vals) < 2**53)
-    if whole.all():
-        return list(map(str, vals.astype(np.int64).tolist()))
-    return [str(int(f)) if w else repr(f) for f, w in zip(vals.tolist(), whole.tolist())]
+    ints = np.where(whole, vals, 0.0).astype(np.int64)
+    mag = np.abs(ints)
+    top = int(mag.max()) if len(mag) else 0
+    width = len(str(top))
+    q = mag[:, None] // 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)
+    out = np.zeros((len(vals), width + 1), np.uint8)
+    out[:, 0] = np.where(ints < 0, ord("-"), 0)
+    digits = out[:, 1:]
+    np.add(q % 10, ord("0"), out=digits, casting="unsafe")
+    digits[q == 0] = 0  # leading zeros
+    digits[:, -1] = mag % 10 + ord("0")  # the last digit always (0 is "0")
+    if not whole.all():
+        rest = np.flatnonzero(~whole)
+        texts = np.array([repr(f) for f in vals[rest].tolist()], dtype=np.bytes_)
+        text = texts.view(np.uint8).reshape(len(rest), -1)
+        if text.shape[1] > out.shape[1]:
+            out = np.concatenate([out, np.zeros((len(vals), text.shape[1] - out.shape[1]), np.uint8)],
+                                 axis=1)
+        out[rest] = 0
+        out[rest, :text.shape[1]] = text
+    return out
+
+
+def _lines(heads: list[bytes], texts: list[np.ndarray], tails: np.ndarray) -> bytes:
+    """Grid point after grid point, one line per series: heads[j] + texts[j][k] + tails[k]
+    (texts: _num_bytes of the series' values). NOTE: the lines are rows of one byte matrix
+    (head, value, tail, each padded with NULs), and the text is its non-NUL bytes in order
+    (no Python per line; the text itself has no NUL: openmetrics_bytes checks the labels)."""
+    width_h = max(map(len, heads))
+    width_v = max(t.shape[1] for t in texts)
+    m = np.empty((len(tails), len(heads), width_h + width_v + tails.shape[1]), np.uint8)
+    for j, (h, t) in enumerate(zip(heads, texts)):  # every byte written once (no zeros pass)
+        head = np.zeros(width_h, np.uint8)
+        head[:len(h)] = np.frombuffer(h, np.uint8)
+        m[:, j, :width_h] = head
+        m[:, j, width_h:width_h + t.shape[1]] = t
+        m[:, j, width_h + t.shape[1]:width_h + width_v] = 0
+    m[:, :, width_h + width_v:] = tails[:, None, :]
+    flat = m.reshape(-1)
+    return flat[flat != 0].tobytes()
 
 
 def _le(b: float) -> str:
@@ -396,14 +484,16 @@ def to_openmetrics(requests: pd.DataFrame, iterations: Iterations, *, interval_s
                                       start_unix_s=start_unix_s))
 
 
-def write_openmetrics(path: str | Path, requests: pd.DataFrame, iterations: Iterations, *,
+def write_openmetrics(path: str | Path, requests: pd.DataFrame, iterations: Iterations | None, *,
                       interval_s: float = 1.0, labels: dict[str, str] | None = None,
-                      start_unix_s: float = 0.0) -> None:
-    """to_openmetrics written to `path` chunk by chunk (never the whole text in memory)."""
+                      start_unix_s: float = 0.0, samples: Samples | None = None) -> None:
+    """to_openmetrics written to `path` chunk by chunk (never the whole text in memory);
+    `samples`: sample(requests, iterations, interval_s) when made already."""
     check_interval(interval_s)  # before the file is opened: a bad interval leaves it as it was
-    with open(path, "w") as f:
-        for chunk in openmetrics_chunks(requests, iterations, interval_s=interval_s, labels=labels,
-                                        start_unix_s=start_unix_s):
+    if samples is None:
+        samples = sample(requests, iterations, interval_s)
+    with open(path, "wb") as f:
+        for chunk in openmetrics_bytes(samples, labels=labels, start_unix_s=start_unix_s):
             f.write(chunk)
 
 
@@ -412,54 +502,53 @@ _CHUNK_SAMPLES = 4096  # grid points per text chunk
 
 def openmetrics_chunks(requests: pd.DataFrame, iterations: Iterations, *, interval_s: float = 1.0,
                        labels: dict[str, str] | None = None, start_unix_s: float = 0.0):
-    """The text of to_openmetrics as a sequence of chunks (each whole lines ending in a newline):
-    the sampled values are arrays over the grid; the text is made a few thousand grid points
-    at a time."""
-    iterations = as_steps(iterations)
-    _, t1 = run_window(requests, iterations)
-    g = grid(t1, interval_s)
+    """The text of to_openmetrics as a sequence of chunks (each whole lines ending in a newline)."""
+    for chunk in openmetrics_bytes(sample(requests, iterations, interval_s), labels=labels,
+                                   start_unix_s=start_unix_s):
+        yield chunk.decode()
+
+
+def openmetrics_bytes(samples: Samples, *, labels: dict[str, str] | None = None,
+                      start_unix_s: float = 0.0):
+    """The OpenMetrics text of `samples` (UTF-8), a few thousand grid points at a time: each
+    family's header, then its lines by _lines (a series a chunk of grid points at a time; a
+    histogram's buckets, +Inf, _count and _sum per grid point)."""
+    g = samples.grid
     lab = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted((labels or {}).items()))
+    if "\0" in lab:
+        raise ConfigError(f"OpenMetrics labels must not contain NUL characters, got {lab!r}")
     sel = "{" + lab + "}" if lab else ""
-
-    all_stamps = [f"{start_unix_s + t:.3f}\n" for t in g.tolist()]  # every series' timestamps
-
-    def stamps(lo: int, hi: int) -> list[str]:
-        return all_stamps[lo:hi]
+    stamps = np.array([f" {start_unix_s + t:.3f}\n" for t in g.tolist()], dtype=np.bytes_)
+    tails = stamps.view(np.uint8).reshape(len(g), -1)
 
     def series(prefix: str, vals: np.ndarray):
-        head = prefix + " "
+        head = [(prefix + " ").encode()]
         for lo in range(0, len(g), _CHUNK_SAMPLES):
             hi = lo + _CHUNK_SAMPLES
-            yield "".join([head + v + " " + t for v, t in zip(_nums(vals[lo:hi]), stamps(lo, hi))])
-    for name, (col, help_) in GAUGES.items():
-        yield f"# HELP {name} {help_}\n# TYPE {name} gauge\n"
-        yield from series(f"{name}{sel}", gauge(iterations, col).at(g))
-    for name, (times, inc) in _counter_events(requests, iterations).items():
-        yield f"# HELP {name} {COUNTERS[name]}\n# TYPE {name} counter\n"
-        yield from series(f"{name}_total{sel}", _counter(times, inc, g))
+            yield _lines(head, [_num_bytes(vals[lo:hi])], tails[lo:hi])
+    for name, (_, help_) in GAUGES.items():
+        yield f"# HELP {name} {help_}\n# TYPE {name} gauge\n".encode()
+        yield from series(f"{name}{sel}", samples.gauges[name])
+    for name, totals in samples.counters.items():
+        yield f"# HELP {name} {COUNTERS[name]}\n# TYPE {name} counter\n".encode()
+        yield from series(f"{name}_total{sel}", totals)
     pre = lab + "," if lab else ""
-    for name, (times, values) in _histogram_observations(requests, iterations).items():
+    for name, (counts, sums) in samples.histograms.items():
         help_, buckets = HISTOGRAMS[name]
         head = f"# HELP {name} {help_}\n# TYPE {name} histogram\n"
         if name.endswith("_seconds"):
             head += f"# UNIT {name} seconds\n"
-        yield head
+        yield head.encode()
         les = [_le(b) for b in buckets] + ["+Inf"]
-        counts = [_counter(times, values <= b, g) for b in buckets]
-        counts.append(_count(times, g))
-        sums = _counter(times, values, g)
-        heads = [f'{name}_bucket{{{pre}le="{le}"}} ' for le in les]
-        count_head, sum_head = f"{name}_count{sel} ", f"{name}_sum{sel} "
+        # per grid point: every bucket (+Inf last), then _count (the +Inf count), then _sum
+        heads = [f'{name}_bucket{{{pre}le="{le}"}} '.encode() for le in les]
+        heads += [f"{name}_count{sel} ".encode(), f"{name}_sum{sel} ".encode()]
         for lo in range(0, len(g), _CHUNK_SAMPLES):
             hi = lo + _CHUNK_SAMPLES
-            texts = [_nums(c[lo:hi]) for c in counts]
-            sum_texts = _nums(sums[lo:hi])
-            out: list[str] = []
-            for k, t in enumerate(stamps(lo, hi)):
-                out += [h + x[k] + " " + t for h, x in zip(heads, texts)]
-                out += [count_head + texts[-1][k] + " " + t, sum_head + sum_texts[k] + " " + t]
-            yield "".join(out)
-    yield "# EOF\n"
+            texts = [_num_bytes(v[lo:hi]) for v in counts]
+            texts += [texts[-1], _num_bytes(sums[lo:hi])]
+            yield _lines(heads, texts, tails[lo:hi])
+    yield b"# EOF\n"
 
 
 def main(argv: list[str] | None = None) -> int:
