@@ -66,7 +66,7 @@ class StepColumns:
         return self.coded.get(name)
 
 
-CACHE_BYTES = 256 << 20  # columns read back kept in memory (most recently used first)
+CACHE_BYTES = 128 << 20  # columns read back kept in memory (most recently used first)
 
 
 class StreamedSteps(StepColumns):
