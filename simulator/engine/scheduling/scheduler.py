@@ -555,14 +555,9 @@ class Scheduler:
             self.offload.offer(rb.reqs, rb.computed[:m], n, rb.tokens[:m], rb.num_out[:m],
                                [rb.reqs[i] for i in done.nonzero()[0].tolist()], now)
         if _nnz(done):
+            free = not self.delay_free_blocks
             for i in done.nonzero()[0].tolist():
-                req = rb.write_back(i)
-                req.finish_s = now
-                req.status = Status.FINISHED
-                self.queue.on_stop(req)
-                if not self.delay_free_blocks:
-                    self.kv.free(req)
-                finished.append(req)
+                finished.append(self._finish_slot(i, now, free))
             rb.compress(~done)
         rb.n[:len(rb.reqs)] = 0
         self._quiet = self._pure and not finished
@@ -657,12 +652,7 @@ class Scheduler:
         if done is not None and _nnz(done):  # 3.
             keep = np.ones(len(rb.reqs), bool)
             for i in slots(done):
-                req = rb.write_back(i)
-                req.finish_s = now
-                req.status = Status.FINISHED
-                self.queue.on_stop(req)
-                kv.free(req)
-                finished.append(req)
+                finished.append(self._finish_slot(i, now))
                 keep[i] = False
             rb.compress(keep)
         if stale:  # 4.
@@ -805,6 +795,18 @@ class Scheduler:
         return not (self.watched_finishes or self.kv_holding
                     or (len(self.queue) and self.batching.admits_waiting))
 
+    def _finish_slot(self, i: int, now: float, free: bool = True) -> Request:
+        """The running request at slot i finishes at `now`: written back, FINISHED, its queue
+        told, its KV freed unless the caller keeps it (P/D's delayed free). The caller compresses
+        the running batch afterwards (one pass for all who finish in the step)."""
+        req = self.running.write_back(i)
+        req.finish_s = now
+        req.status = Status.FINISHED
+        self.queue.on_stop(req)
+        if free:
+            self.kv.free(req)
+        return req
+
     def _finish_in_run(self, columns: dict[str, Any], now: float, done: np.ndarray) -> list[Request]:
         """A decode run's finishing step (its last, just applied): the requests at their output
         target finish as `commit` finishes them (written back, KV freed in running order, out of
@@ -814,13 +816,8 @@ class Scheduler:
         m = rb.m
         finished: list[Request] = []
         kv = self.kv
-        for i in done.nonzero()[0].tolist():  # NOTE: commit's step 3, as it does it
-            req = rb.write_back(i)
-            req.finish_s = now
-            req.status = Status.FINISHED
-            self.queue.on_stop(req)
-            kv.free(req)
-            finished.append(req)
+        for i in done.nonzero()[0].tolist():  # commit's step 3, as it does it
+            finished.append(self._finish_slot(i, now))
         rb.compress(~done)
         k = len(columns["start_s"])
         stats = kv.stats()
