@@ -391,12 +391,9 @@ class VllmScheduler:
         finished: list[Request] = []
         for r in step_sampled:
             req = self.reqs[r]
-            req.num_output_tokens += 1
-            if req.num_output_tokens == 1:
-                req.first_token_s = now
-            else:
-                gaps.append(now - req.last_token_s)
-            req.last_token_s = now
+            gap = req.add_output_token(now)
+            if gap is not None:
+                gaps.append(gap)
             if r not in requests:  # vLLM finished and dropped it
                 req.num_computed_tokens = req.prompt_tokens + req.num_output_tokens - 1
                 req.finish_s = now

@@ -218,13 +218,9 @@ class DisaggCluster:
         """Replica's rules, the leg against the prefill pool and the request against the decode
         pool (a request either can never hold is rejected at arrival)."""
         for pool, cluster, r in (("prefill", self.prefill, leg), ("decode", self.decode, req)):
-            rep = cluster.replicas[0]
-            total = r.prompt_tokens + r.output_tokens
-            if total > rep.max_model_len:
-                return f"prompt+output {total} > max_model_len {rep.max_model_len}"
-            need = rep.kv.max_request_slots(r)
-            if need > rep.kv.total_slots:
-                return f"{pool}: needs {need} KV slots > pool of {rep.kv.total_slots}"
+            reason = cluster.replicas[0].reject_reason(r, pool)
+            if reason:
+                return reason
         return ""
 
     def submit(self, req: Request) -> None:

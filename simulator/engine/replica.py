@@ -63,7 +63,7 @@ class Replica:
     def submit(self, req: Request, holds_kv: bool = False) -> None:
         """`holds_kv`: P/D, the request's KV arrived into blocks it holds (engine/disagg.py)."""
         self.num_arrived += 1
-        reason = self._reject_reason(req)
+        reason = self.reject_reason(req)
         if reason:
             req.status = Status.REJECTED
             req.reject_reason = reason
@@ -87,18 +87,27 @@ class Replica:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
+    def _sleep(self, timeout_s: float | None = None):
+        """Wait for a poke (an arrival, blocks freed from outside), at most timeout_s if given."""
+        self._wake = self.env.event()
+        yield self._wake if timeout_s is None else self._wake | self.env.timeout(timeout_s)
+        self._wake = None
+
     def _ended(self, req: Request) -> None:
         self.recorder.request_ended(req)
         if self.on_request_end is not None:
             self.on_request_end(req)
 
-    def _reject_reason(self, req: Request) -> str:
+    def reject_reason(self, req: Request, pool: str = "") -> str:
+        """Why `req` can never run on this replica ("" if it can); `pool` names the replica's
+        pool in the KV reason (P/D: "prefill" / "decode")."""
         total = req.prompt_tokens + req.output_tokens
         if total > self.max_model_len:
             return f"prompt+output {total} > max_model_len {self.max_model_len}"
         need = self.kv.max_request_slots(req)
         if need > self.kv.total_slots:
-            return f"needs {need} KV slots > pool of {self.kv.total_slots}"
+            where = f"{pool}: " if pool else ""
+            return f"{where}needs {need} KV slots > pool of {self.kv.total_slots}"
         return ""
 
     def run(self):
@@ -113,9 +122,7 @@ class Replica:
             if not sched.has_work:
                 if self.arrivals_done:
                     return
-                self._wake = env.event()
-                yield self._wake
-                self._wake = None
+                yield from self._sleep()
                 continue
             if clock is not None:
                 run = sched.decode_run(env.now, clock.next_s, self._decode_step_times,
@@ -132,15 +139,11 @@ class Replica:
             shape = batch.shape
             if shape.num_tokens == 0 and self.may_stall:
                 if not batch.num_preempted:  # nothing changed: wait for blocks freed from outside
-                    self._wake = env.event()
-                    yield self._wake
-                    self._wake = None
+                    yield from self._sleep()
                 continue
             if shape.num_tokens == 0:
                 if batch.wait_until_s is not None:  # only transfers in flight (kvcache/offload.py)
-                    self._wake = env.event()
-                    yield self._wake | env.timeout(max(batch.wait_until_s - start, 0.0))
-                    self._wake = None
+                    yield from self._sleep(max(batch.wait_until_s - start, 0.0))
                     continue
                 s = sched.stats()
                 raise RuntimeError(
@@ -232,9 +235,7 @@ class Replica:
                 if not sched.has_work:
                     if self.arrivals_done:
                         return
-                    self._wake = env.event()
-                    yield self._wake
-                    self._wake = None
+                    yield from self._sleep()
                     continue
                 batch = self._schedule(env.now)
                 if batch.shape.num_tokens == 0:

@@ -50,6 +50,18 @@ class Request:
         self.reject_reason = ""
         self.block_hashes: list[int] | None = None  # filled lazily by the prefix cache
 
+    def add_output_token(self, now: float) -> float | None:
+        """One more output token, sampled at `now`: the gap since the previous one (the ITL
+        sample), None for the first token (its time is the TTFT)."""
+        self.num_output_tokens += 1
+        if self.num_output_tokens == 1:
+            self.first_token_s = now
+            gap = None
+        else:
+            gap = now - self.last_token_s
+        self.last_token_s = now
+        return gap
+
     @property
     def num_tokens(self) -> int:
         return self.prompt_tokens + self.num_output_tokens

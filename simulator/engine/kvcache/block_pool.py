@@ -230,3 +230,18 @@ def make_block_pool(num_blocks: int, eviction: str = "lru", eviction_params: dic
     if not hashing and eviction == "lru" and not eviction_params:
         return UnhashedBlockPool(num_blocks)
     return BlockPool(num_blocks, eviction, eviction_params)
+
+
+class PoolClock:
+    """`now` of a KV manager whose clock is its block pool's (paged, hybrid, the CPU tier):
+    read from and written to `self.pool.now`."""
+
+    pool: BlockPool | UnhashedBlockPool
+
+    @property
+    def now(self) -> float:
+        return self.pool.now
+
+    @now.setter
+    def now(self, value: float) -> None:
+        self.pool.now = value

@@ -50,7 +50,7 @@ from typing import Any
 from pydantic import field_validator
 
 from simulator.engine.kvcache import ALLOCATORS, allocate_in_order
-from simulator.engine.kvcache.block_pool import BlockPool
+from simulator.engine.kvcache.block_pool import BlockPool, PoolClock
 from simulator.engine.protocols import KVContext, KVStats, PluginParams
 from simulator.hardware.kv_spec import KVCacheLayout, LayerKVSpec, cdiv
 from simulator.workload.request import Request
@@ -123,7 +123,7 @@ def build_hybrid(ctx: KVContext, groups: tuple[str, ...], max_in_flight_tokens: 
                            eviction_params=ctx.eviction_params)
 
 
-class HybridAllocator:
+class HybridAllocator(PoolClock):
     """protocols.KVCacheManager over several KV cache groups (module docstring)."""
 
     caches_full_blocks = False  # no prefix caching; the capacity returned times the calls
@@ -148,14 +148,6 @@ class HybridAllocator:
                     max_in_flight_tokens: int, **kw: Any) -> HybridAllocator:
         return cls(num_blocks, layout.block_size, [g.spec for g in layout.groups],
                    max_model_len=max_model_len, max_in_flight_tokens=max_in_flight_tokens, **kw)
-
-    @property
-    def now(self) -> float:
-        return self.pool.now
-
-    @now.setter
-    def now(self, value: float) -> None:
-        self.pool.now = value
 
     def _admission_blocks(self, num_tokens: int) -> list[int]:
         """Blocks per group a sequence of num_tokens is admitted with (recycling groups capped)."""

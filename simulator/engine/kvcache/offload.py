@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from simulator.config.registry import Registry
-from simulator.engine.kvcache.block_pool import BlockPool
+from simulator.engine.kvcache.block_pool import BlockPool, PoolClock
 from simulator.engine.kvcache.eviction.heap import VersionedHeap
 from simulator.engine.kvcache.eviction.lru_ttl import LRUWithTTL, LRUWithTTLParams
 from simulator.engine.protocols import OffloadStats
@@ -129,7 +129,7 @@ class RankedLRUWithTTL(LRUWithTTL):
         self._lru.reorder(block_id)  # a rank changed, not the last access
 
 
-class CPUTier:
+class CPUTier(PoolClock):
     """The CPU blocks' bookkeeping, keyed by block hash: vLLM's CPUOffloadingManager
     (cpu/manager.py) with the LRUCachePolicy ranks. `keys` are (block hash, end token) pairs
     in prefix order (vLLM's offload keys and their positions)."""
@@ -140,14 +140,6 @@ class CPUTier:
         self._next_rank = 0
         self._req_rank: dict[int, int] = {}  # request id -> its rank (vLLM's _RequestRank)
         self._seen: dict[int, dict[int, int]] = {}  # request id -> {hash: end token} it accessed
-
-    @property
-    def now(self) -> float:
-        return self.pool.now
-
-    @now.setter
-    def now(self, value: float) -> None:
-        self.pool.now = value
 
     def lookup(self, block_hash: int) -> LookupResult:
         b = self.pool.get_cached_block(block_hash)

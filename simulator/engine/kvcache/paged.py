@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from simulator.engine.kvcache import ALLOCATORS
-from simulator.engine.kvcache.block_pool import make_block_pool
+from simulator.engine.kvcache.block_pool import PoolClock, make_block_pool
 from simulator.engine.kvcache.prefix import BlockHasher
 from simulator.engine.protocols import KVContext, KVStats
 from simulator.workload.request import Request
@@ -35,7 +35,7 @@ def build_paged(ctx: KVContext) -> PagedAllocator:
                           ctx.eviction_policy, ctx.eviction_params, ctx.prefix_chunk_tokens)
 
 
-class PagedAllocator:
+class PagedAllocator(PoolClock):
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
                  eviction: str = "lru", eviction_params: dict | None = None,
                  prefix_chunk_tokens: int = 512) -> None:
@@ -51,14 +51,6 @@ class PagedAllocator:
         self._pending_hits: dict[int, list[int]] = {}  # lookup result awaiting allocate_slots
         self.prefix_queries = 0  # tokens looked up (vLLM's prefix_cache_queries)
         self.prefix_hits = 0  # tokens found (vLLM's prefix_cache_hits)
-
-    @property
-    def now(self) -> float:
-        return self.pool.now
-
-    @now.setter
-    def now(self, value: float) -> None:
-        self.pool.now = value
 
     def max_request_slots(self, req: Request) -> int:
         return -(-req.final_kv_tokens // self.block_size) * self.block_size

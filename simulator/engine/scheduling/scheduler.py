@@ -658,12 +658,9 @@ class Scheduler:
         if stale:  # 4.
             extra = []
             for req in stale:
-                req.num_output_tokens += 1
-                if req.num_output_tokens == 1:
-                    req.first_token_s = now
-                else:
-                    extra.append(now - req.last_token_s)
-                req.last_token_s = now
+                gap = req.add_output_token(now)
+                if gap is not None:
+                    extra.append(gap)
                 if req.req_id in self._finishing:
                     self._finishing.discard(req.req_id)
                     req.finish_s = now
