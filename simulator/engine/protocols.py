@@ -216,7 +216,7 @@ class KVCacheManager(KVCacheView, Protocol):
         effects (True where the manager cannot tell): a decode run's `_head_waits`."""
         ...
 
-    def take_decode_blocks(self, reqs: list[Request], times: list[float]) -> None:
+    def take_decode_blocks(self, reqs: list[Request], times: np.ndarray) -> None:
         """One new block per entry, popped in order, stamped with its step's start time."""
         ...
 

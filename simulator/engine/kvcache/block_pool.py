@@ -88,10 +88,10 @@ class BlockPool:
             out.append(b)
         return out
 
-    def stamp_access(self, block_ids: list[int], times: list[float]) -> None:
+    def stamp_access(self, block_ids: list[int], times: np.ndarray) -> None:
         """Set each block's last access time (blocks taken by a decode run, at their step)."""
         last = self.last_access_s
-        for b, t in zip(block_ids, times):
+        for b, t in zip(block_ids, times.tolist()):
             last[b] = t
 
     def cache_block(self, block_id: int, block_hash: int) -> None:
@@ -204,7 +204,7 @@ class UnhashedBlockPool:
         fq._top = low
         return taken[::-1].tolist()
 
-    def stamp_access(self, block_ids: list[int], times: list[float]) -> None:
+    def stamp_access(self, block_ids: list[int], times: np.ndarray) -> None:
         """No policy reads access times here (BlockPool keeps them)."""
 
     def free_blocks(self, ordered_blocks) -> None:

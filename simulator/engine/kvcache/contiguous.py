@@ -119,7 +119,7 @@ class ContiguousAllocator:
         """Whether allocate_slots could reserve a waiting request's region now (first fit)."""
         return req.req_id in self.req_to_region or self.max_request_slots(req) <= self.largest_hole
 
-    def take_decode_blocks(self, reqs: list[Request], times: list[float]) -> None:
+    def take_decode_blocks(self, reqs: list[Request], times: np.ndarray) -> None:
         if reqs:
             raise AssertionError("contiguous reservations give decode runs no room to take")
 

@@ -205,7 +205,7 @@ class PagedAllocator(PoolClock):
             return False
         return -(-num_new_tokens // bs) <= free
 
-    def take_decode_blocks(self, reqs: list[Request], times: list[float]) -> None:
+    def take_decode_blocks(self, reqs: list[Request], times: np.ndarray) -> None:
         """One new block for each entry, popped in order (as allocate_slots_many pops them
         step after step), stamped with its step's start time."""
         pool = self.pool
