@@ -42,7 +42,16 @@ from simulator.engine.advance import DecodeRun, RunPart, exact_delay
 from simulator.engine.costmodel import StepShape, window_kv_sums
 from simulator.engine.protocols import Batch, BatchingMode, KVCacheManager, QueuePolicy, SchedulerStats
 from simulator.engine.scheduling.queues.fcfs import FCFS
-from simulator.engine.scheduling.running import CAPACITY, COMPUTED, NUM_OUT, PH, TOKENS, N, RunningBatch
+from simulator.engine.scheduling.running import (
+    CAPACITY,
+    COMPUTED,
+    NUM_OUT,
+    PH,
+    TARGET_OUT,
+    TOKENS,
+    N,
+    RunningBatch,
+)
 from simulator.workload.request import Request, Status
 
 _ZERO = np.int64(0)  # a decode run's constant columns (numpy scalars are immutable)
@@ -101,6 +110,7 @@ class Scheduler:
         self._slots = np.arange(self.running.cols.shape[1], dtype=np.int64)  # slot numbers 0..max_num_seqs-1
         # sync: the step's samplers, their count and its decodes (_summarise's, for commit)
         self._step_sampled: tuple[np.ndarray, int, int] | None = None
+        self._prompt_first = -1  # sync: the first slot of a prompt-only step (_summarise_prompts), or -1
         self.num_preemptions = 0
         self.num_swapped = 0
         self._admitted: list[tuple[int, int]] = []  # (req_id, prefix-hit tokens), this step
@@ -415,7 +425,37 @@ class Scheduler:
                 _, preempted = self._schedule_running_vectorized(now)
             else:
                 _, preempted = self._schedule_running_sequential(0, budget, now)
+        elif admitted == prompts and self.offload is None:
+            batch = self._summarise_prompts(rb.m - prompts, prompts)
+            if batch is not None:
+                return batch
         return self._summarise(preempted, admitted)
+
+    def _summarise_prompts(self, first: int, num_admitted: int) -> Batch | None:
+        """_summarise for a prefill-first step that runs only the prompts just admitted (slots
+        first..m-1; the running decodes pause): where none of them has an output yet, each
+        computes its whole prompt and samples its first token, and the sums are Python over
+        those few slots instead of numpy over the batch. None where that does not hold."""
+        rb = self.running
+        m = len(rb.reqs)
+        cols = rb.cols[:, first:m].tolist()
+        c, n, out = cols[COMPUTED], cols[N], cols[NUM_OUT]
+        if any(out) or min(n) <= 0:
+            return None
+        reach = [a + b for a, b in zip(c, n)]
+        if reach != cols[TOKENS]:
+            return None
+        t = sum(n)
+        # _summarise's exact integer sums (n @ c, n @ n) and its float expression
+        attn_pairs = float(sum(a * b for a, b in zip(c, n))) + float(sum(b * b for b in n) + t) / 2.0
+        w = self.window_tokens
+        window = sum(min(r, w) for r in reach) if w else -1
+        self._pure = False
+        self._step_sampled = None
+        self._prompt_first = first  # commit: _commit_prompts
+        shape = StepShape(t, num_admitted, attn_pairs, sum(reach), num_admitted, t, window)
+        return Batch(shape, num_admitted, t, 0, 0, num_admitted,
+                     None if self.swap is None else self.step_swap_s, [], self._admitted, None)
 
     def _schedule_prompts(self, budget: int, now: float, preempted: list[Request]) -> int:
         """Running members whose prompt is not computed yet (a static batch just formed), whole
@@ -509,6 +549,9 @@ class Scheduler:
         """Apply the step that just ran: advance tokens, sample, finish. Returns finished."""
         if self.async_scheduling:
             return self._commit_async(now)
+        if self._prompt_first >= 0:
+            first, self._prompt_first = self._prompt_first, -1
+            return self._commit_prompts(first, now)
         rb = self.running
         m = len(rb.reqs)
         n = rb.n[:m]
@@ -566,6 +609,33 @@ class Scheduler:
             rb.compress(~done)
         rb.n[:len(rb.reqs)] = 0
         self._quiet = self._pure and not finished
+        return finished
+
+    def _commit_prompts(self, first: int, now: float) -> list[Request]:
+        """commit after `_summarise_prompts`' step: the prompts of slots first..m-1 computed,
+        each samples its first token (no token gaps); those with one output to make finish."""
+        rb = self.running
+        m = len(rb.reqs)
+        cols = rb.cols
+        reqs = rb.reqs
+        at = slice(first, m)
+        cols[COMPUTED, at] += cols[N, at]
+        cols[TOKENS:NUM_OUT + 1, at] += 1
+        cols[N, at] = 0
+        rb.last_token[at] = now
+        for req in reqs[first:]:
+            req.first_token_s = now
+        self._gaps = None
+        done = [i for i, target in enumerate(cols[TARGET_OUT, at].tolist(), first) if target <= 1]
+        finished: list[Request] = []
+        if done:
+            free = not self.delay_free_blocks
+            for i in done:
+                finished.append(self._finish_slot(i, now, free))
+            keep = np.ones(m, bool)
+            keep[done] = False
+            rb.compress(keep)
+        self._quiet = False
         return finished
 
     def _commit_async(self, now: float) -> list[Request]:
@@ -1069,7 +1139,7 @@ class Scheduler:
         cap0 = int(rb.capacity[:m].sum())
         if n_ev:
             ev_i, ev_j = ev_i[:n_ev], ev_j[:n_ev]
-            kv.take_decode_blocks([reqs[i] for i in ev_i.tolist()], starts[ev_j])
+            kv.take_decode_blocks(rb.ids[ev_i].tolist(), starts[ev_j])
             taken = ev_j.searchsorted(np.arange(k), side="right")  # blocks taken through each step
             rb.capacity[:m] += bs * np.bincount(ev_i, minlength=m)
         else:
