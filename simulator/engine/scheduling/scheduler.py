@@ -894,7 +894,8 @@ class Scheduler:
         k = len(columns["start_s"])
         stats = kv.stats()
         left = rb.m
-        running = np.full(k, m, np.int64)
+        running = np.empty(k, np.int64)  # (np.full is a Python wrapper: hot path)
+        running.fill(m)
         running[-1] = left
         columns["num_running"] = running
         columns["kv_used_slots"][-1] = stats.used_slots
