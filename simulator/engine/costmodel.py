@@ -758,6 +758,8 @@ class CostModel:
         self._pad_table = np.concatenate([np.asarray(self._pad, dtype=np.int64),
                                           np.arange(self._max_graph + 1, len(n), dtype=np.int64)])
         self._num_rows = len(n)
+        # per step shape (t, s, seqs, prefill): _fixed_shape_step_times' scalars from these tables
+        self._fixed_consts: dict[tuple[int, int, int, int], tuple] = {}
 
     # --- one step ------------------------------------------------------------------------
     def step_time(self, shape: StepShape) -> float:
@@ -863,24 +865,39 @@ class CostModel:
         tokens, samples and sequences every step): the per-shape choices are made once, the
         arrays see ~8 numpy calls instead of ~30. The same float operations in the same order
         as step_times (so step_time's, element for element)."""
-        if max(t, s) >= self._num_rows:
-            self._tabulate(max(t, s, 2 * (self._num_rows - 1)))
-        o = self.overhead
-        attn = np.maximum(pairs.astype(np.float64, copy=False) * self._attn_flops_c,
-                          kv.astype(np.float64, copy=False) * self._kv_c + t * self._q_c)
-        if t <= self._max_graph:
-            decode_only = (prefill == 0) if prefill >= 0 else (t == s)
-            launch = self._launch_full if decode_only else self._launch_piecewise
-            base = self._tokens_table[self._pad_table[t]]
-        else:
-            launch = self._launch_eager
-            base = self._tokens_table[t]
-        gpu = base + (self._layers * attn + self._attn_o_all + self._sampled_table[max(s, 0)])
-        gpu = np.maximum(gpu, launch)
-        cpu = o.cpu_step_s + o.cpu_per_seq_s * (seqs if seqs > 0 else max(s, 1)) + o.cpu_per_token_s * t
+        key = (t, s, seqs, prefill)
+        consts = self._fixed_consts.get(key)
+        if consts is None:
+            if max(t, s) >= self._num_rows:
+                self._tabulate(max(t, s, 2 * (self._num_rows - 1)))
+            if t <= self._max_graph:
+                decode_only = (prefill == 0) if prefill >= 0 else (t == s)
+                launch = self._launch_full if decode_only else self._launch_piecewise
+                base = self._tokens_table[self._pad_table[t]]
+            else:
+                launch = self._launch_eager
+                base = self._tokens_table[t]
+            o = self.overhead
+            cpu = o.cpu_step_s + o.cpu_per_seq_s * (seqs if seqs > 0 else max(s, 1)) + o.cpu_per_token_s * t
+            consts = self._fixed_consts[key] = (t * self._q_c, base, self._sampled_table[max(s, 0)],
+                                                launch, cpu)
+        tq, base, sampled, launch, cpu = consts
+        # step_times' operations in its order, in place where the order allows
+        gpu = pairs.astype(np.float64, copy=False) * self._attn_flops_c
+        mem = kv.astype(np.float64, copy=False) * self._kv_c
+        mem += tq
+        np.maximum(gpu, mem, out=gpu)
+        gpu *= self._layers
+        gpu += self._attn_o_all
+        gpu += sampled
+        np.add(base, gpu, out=gpu)
+        np.maximum(gpu, launch, out=gpu)
         if self.async_scheduling:
-            return np.maximum(cpu, gpu) + o.async_exposed_s
-        return cpu + gpu
+            np.maximum(cpu, gpu, out=gpu)
+            gpu += self.overhead.async_exposed_s
+            return gpu
+        np.add(cpu, gpu, out=gpu)
+        return gpu
 
     def attention_time_per_layer(self, pairs: float, kv_tokens: float, t: float) -> float:
         """Attention seconds for one full-attention layer of a step with a prefill (the term

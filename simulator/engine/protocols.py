@@ -216,8 +216,9 @@ class KVCacheManager(KVCacheView, Protocol):
         effects (True where the manager cannot tell): a decode run's `_head_waits`."""
         ...
 
-    def take_decode_blocks(self, reqs: list[Request], times: list[float]) -> None:
-        """One new block per entry, popped in order, stamped with its step's start time."""
+    def take_decode_blocks(self, req_ids: list[int], times: np.ndarray) -> None:
+        """One new block per entry (a request id), popped in order, stamped with its step's
+        start time (`times`, one per entry)."""
         ...
 
     def decode_gauges(self, taken: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

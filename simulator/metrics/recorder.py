@@ -383,9 +383,12 @@ class MetricsRecorder:
                     col[block_pos] = np.repeat(np.asarray(vals), ks)
                 elif len(types) == 1:
                     col[block_pos] = np.concatenate(vals)
-                else:
-                    col[block_pos] = np.concatenate([v if type(v) is np.ndarray else np.full(k, v)
-                                                     for v, k in zip(vals, ks.tolist())])
+                else:  # scalar blocks repeated, then the array blocks laid over their steps
+                    is_arr = [type(v) is np.ndarray for v in vals]
+                    flat = np.repeat(np.asarray([0 if a else v for v, a in zip(vals, is_arr)], col.dtype), ks)
+                    flat[np.repeat(np.asarray(is_arr), ks)] = np.concatenate(
+                        [v for v, a in zip(vals, is_arr) if a])
+                    col[block_pos] = flat
             if _IS_TOTAL[idx]:  # running totals -> per-step increments
                 last = col[-1]
                 col = np.diff(col, prepend=self._totals[idx])

@@ -53,7 +53,7 @@ class ToyBump:
     def decode_room(self) -> int | None:  # no event-level decode runs: every step is looped
         return None
 
-    def take_decode_blocks(self, reqs, times) -> None:
+    def take_decode_blocks(self, req_ids, times) -> None:
         raise AssertionError("not used when decode_room() is None")
 
     def decode_gauges(self, taken):

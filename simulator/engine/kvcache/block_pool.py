@@ -88,10 +88,10 @@ class BlockPool:
             out.append(b)
         return out
 
-    def stamp_access(self, block_ids: list[int], times: list[float]) -> None:
+    def stamp_access(self, block_ids: list[int], times: np.ndarray) -> None:
         """Set each block's last access time (blocks taken by a decode run, at their step)."""
         last = self.last_access_s
-        for b, t in zip(block_ids, times):
+        for b, t in zip(block_ids, times.tolist()):
             last[b] = t
 
     def cache_block(self, block_id: int, block_hash: int) -> None:
@@ -204,7 +204,7 @@ class UnhashedBlockPool:
         fq._top = low
         return taken[::-1].tolist()
 
-    def stamp_access(self, block_ids: list[int], times: list[float]) -> None:
+    def stamp_access(self, block_ids: list[int], times: np.ndarray) -> None:
         """No policy reads access times here (BlockPool keeps them)."""
 
     def free_blocks(self, ordered_blocks) -> None:
@@ -212,7 +212,7 @@ class UnhashedBlockPool:
         (every held block has ref count 1 here, so all of them do)."""
         if not len(ordered_blocks):
             return
-        b = np.array(ordered_blocks, np.int32)
+        b = np.fromiter(ordered_blocks, np.int32, len(ordered_blocks))  # (faster than np.array)
         if _nnz(self.ref_cnt[b]) < len(b):
             raise AssertionError(f"block {int(b[self.ref_cnt[b] == 0][0])} freed twice")
         self.ref_cnt[b] = 0

@@ -119,8 +119,8 @@ class ContiguousAllocator:
         """Whether allocate_slots could reserve a waiting request's region now (first fit)."""
         return req.req_id in self.req_to_region or self.max_request_slots(req) <= self.largest_hole
 
-    def take_decode_blocks(self, reqs: list[Request], times: list[float]) -> None:
-        if reqs:
+    def take_decode_blocks(self, req_ids: list[int], times: np.ndarray) -> None:
+        if req_ids:
             raise AssertionError("contiguous reservations give decode runs no room to take")
 
     def decode_gauges(self, taken: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -269,7 +269,7 @@ class HybridAllocator(PoolClock):
     def admission_fits(self, req: Request, num_new_tokens: int, full_sequence_must_fit: bool) -> bool:
         return True  # not asked: no decode runs here
 
-    def take_decode_blocks(self, reqs: list[Request], times: list[float]) -> None:
+    def take_decode_blocks(self, req_ids: list[int], times: Any) -> None:
         raise AssertionError("hybrid KV: decode runs are not taken in one pass")
 
     def decode_gauges(self, taken):

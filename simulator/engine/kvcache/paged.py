@@ -205,14 +205,14 @@ class PagedAllocator(PoolClock):
             return False
         return -(-num_new_tokens // bs) <= free
 
-    def take_decode_blocks(self, reqs: list[Request], times: list[float]) -> None:
-        """One new block for each entry, popped in order (as allocate_slots_many pops them
-        step after step), stamped with its step's start time."""
+    def take_decode_blocks(self, req_ids: list[int], times: np.ndarray) -> None:
+        """One new block for each entry (a request id), popped in order (as
+        allocate_slots_many pops them step after step), stamped with its step's start time."""
         pool = self.pool
-        new = pool.get_new_blocks(len(reqs))
+        new = pool.get_new_blocks(len(req_ids))
         tables = self.req_to_blocks
-        for req, b in zip(reqs, new):
-            tables[req.req_id].append(b)
+        for rid, b in zip(req_ids, new):
+            tables[rid].append(b)
         pool.stamp_access(new, times)
 
     def decode_gauges(self, taken: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

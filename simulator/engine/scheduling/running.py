@@ -78,6 +78,9 @@ class RunningBatch:
     def compress(self, keep: np.ndarray) -> None:
         at = keep.nonzero()[0]
         k = len(at)
+        if k == len(self.reqs) - 1:  # one leaves (the common case): slices, not a gather
+            self.remove(int((~keep).argmax()))
+            return
         cols = self.cols
         cols[:, :k] = cols[:, at]
         self.last_token[:k] = self.last_token[at]

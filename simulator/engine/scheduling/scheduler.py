@@ -42,8 +42,21 @@ from simulator.engine.advance import DecodeRun, RunPart, exact_delay
 from simulator.engine.costmodel import StepShape, window_kv_sums
 from simulator.engine.protocols import Batch, BatchingMode, KVCacheManager, QueuePolicy, SchedulerStats
 from simulator.engine.scheduling.queues.fcfs import FCFS
-from simulator.engine.scheduling.running import CAPACITY, COMPUTED, NUM_OUT, PH, TOKENS, N, RunningBatch
+from simulator.engine.scheduling.running import (
+    CAPACITY,
+    COMPUTED,
+    NUM_OUT,
+    PH,
+    TARGET_OUT,
+    TOKENS,
+    N,
+    RunningBatch,
+)
 from simulator.workload.request import Request, Status
+
+_ZERO = np.int64(0)  # a decode run's constant columns (numpy scalars are immutable)
+_ZERO_S = np.float64(0.0)
+_NO_EVENTS = np.zeros(0, np.int64)  # a run whose steps take no block (never written)
 
 if TYPE_CHECKING:
     from simulator.engine.kvcache.offload import OffloadConnector
@@ -94,8 +107,10 @@ class Scheduler:
         self._finishing: set[int] = set()  # async: preempted with their last token in flight
         self.running = RunningBatch(max_num_seqs, async_scheduling)
         self._ones = self.running.ones  # sums as dot products (exact, cheaper than reductions)
+        self._slots = np.arange(self.running.cols.shape[1], dtype=np.int64)  # slot numbers 0..max_num_seqs-1
         # sync: the step's samplers, their count and its decodes (_summarise's, for commit)
         self._step_sampled: tuple[np.ndarray, int, int] | None = None
+        self._prompt_first = -1  # sync: the first slot of a prompt-only step (_summarise_prompts), or -1
         self.num_preemptions = 0
         self.num_swapped = 0
         self._admitted: list[tuple[int, int]] = []  # (req_id, prefix-hit tokens), this step
@@ -410,7 +425,37 @@ class Scheduler:
                 _, preempted = self._schedule_running_vectorized(now)
             else:
                 _, preempted = self._schedule_running_sequential(0, budget, now)
+        elif admitted == prompts and self.offload is None:
+            batch = self._summarise_prompts(rb.m - prompts, prompts)
+            if batch is not None:
+                return batch
         return self._summarise(preempted, admitted)
+
+    def _summarise_prompts(self, first: int, num_admitted: int) -> Batch | None:
+        """_summarise for a prefill-first step that runs only the prompts just admitted (slots
+        first..m-1; the running decodes pause): where none of them has an output yet, each
+        computes its whole prompt and samples its first token, and the sums are Python over
+        those few slots instead of numpy over the batch. None where that does not hold."""
+        rb = self.running
+        m = len(rb.reqs)
+        cols = rb.cols[:, first:m].tolist()
+        c, n, out = cols[COMPUTED], cols[N], cols[NUM_OUT]
+        if any(out) or min(n) <= 0:
+            return None
+        reach = [a + b for a, b in zip(c, n)]
+        if reach != cols[TOKENS]:
+            return None
+        t = sum(n)
+        # _summarise's exact integer sums (n @ c, n @ n) and its float expression
+        attn_pairs = float(sum(a * b for a, b in zip(c, n))) + float(sum(b * b for b in n) + t) / 2.0
+        w = self.window_tokens
+        window = sum(min(r, w) for r in reach) if w else -1
+        self._pure = False
+        self._step_sampled = None
+        self._prompt_first = first  # commit: _commit_prompts
+        shape = StepShape(t, num_admitted, attn_pairs, sum(reach), num_admitted, t, window)
+        return Batch(shape, num_admitted, t, 0, 0, num_admitted,
+                     None if self.swap is None else self.step_swap_s, [], self._admitted, None)
 
     def _schedule_prompts(self, budget: int, now: float, preempted: list[Request]) -> int:
         """Running members whose prompt is not computed yet (a static batch just formed), whole
@@ -504,6 +549,9 @@ class Scheduler:
         """Apply the step that just ran: advance tokens, sample, finish. Returns finished."""
         if self.async_scheduling:
             return self._commit_async(now)
+        if self._prompt_first >= 0:
+            first, self._prompt_first = self._prompt_first, -1
+            return self._commit_prompts(first, now)
         rb = self.running
         m = len(rb.reqs)
         n = rb.n[:m]
@@ -561,6 +609,33 @@ class Scheduler:
             rb.compress(~done)
         rb.n[:len(rb.reqs)] = 0
         self._quiet = self._pure and not finished
+        return finished
+
+    def _commit_prompts(self, first: int, now: float) -> list[Request]:
+        """commit after `_summarise_prompts`' step: the prompts of slots first..m-1 computed,
+        each samples its first token (no token gaps); those with one output to make finish."""
+        rb = self.running
+        m = len(rb.reqs)
+        cols = rb.cols
+        reqs = rb.reqs
+        at = slice(first, m)
+        cols[COMPUTED, at] += cols[N, at]
+        cols[TOKENS:NUM_OUT + 1, at] += 1
+        cols[N, at] = 0
+        rb.last_token[at] = now
+        for req in reqs[first:]:
+            req.first_token_s = now
+        self._gaps = None
+        done = [i for i, target in enumerate(cols[TARGET_OUT, at].tolist(), first) if target <= 1]
+        finished: list[Request] = []
+        if done:
+            free = not self.delay_free_blocks
+            for i in done:
+                finished.append(self._finish_slot(i, now, free))
+            keep = np.ones(m, bool)
+            keep[done] = False
+            rb.compress(keep)
+        self._quiet = False
         return finished
 
     def _commit_async(self, now: float) -> list[Request]:
@@ -748,7 +823,7 @@ class Scheduler:
             k, delay, straddled = cut
             starts, durations = starts[:k + 1], durations[:k]
             reqs = list(rb.reqs)
-            columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum)  # 5.
+            columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum, reqs)  # 5.
             finished = (self._finish_in_run(columns, float(starts[k]),
                                             rb.num_out[:m] >= rb.target_out[:m]) if k == left else [])
             parts.append(RunPart(columns, gaps, reqs, finished))
@@ -819,7 +894,8 @@ class Scheduler:
         k = len(columns["start_s"])
         stats = kv.stats()
         left = rb.m
-        running = np.full(k, m, np.int64)
+        running = np.empty(k, np.int64)  # (np.full is a Python wrapper: hot path)
+        running.fill(m)
         running[-1] = left
         columns["num_running"] = running
         columns["kv_used_slots"][-1] = stats.used_slots
@@ -925,7 +1001,7 @@ class Scheduler:
             starts = starts[:k + 1]
             durations = np.concatenate(([d_inflight], d_sched[:k - 1]))
             reqs = list(rb.reqs)
-            columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum)  # 5.
+            columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum, reqs)  # 5.
             rb.n[:m] = 1
             if k > q:  # the finishing turn: those skipped took q schedules, their last resolved
                 done = ~survivors
@@ -980,13 +1056,14 @@ class Scheduler:
         the running batch, and their durations from `step_times`."""
         rb = self.running
         m = rb.m
-        j = np.arange(k, dtype=np.int64)
-        kv_tokens = c_sum + m * (j + 1)
-        pairs = (c_sum + m * j + m).astype(np.float64)
+        # NOTE: a pure decode step's attention pairs equal its KV entries (C + m (j + 1)); exact
+        # integers, so one float array serves as both
+        first = c_sum + m
+        pairs = np.arange(first, first + m * k, m, dtype=np.float64)[:k]
         if not self.window_tokens:
-            return pairs, kv_tokens, None, step_times(m, pairs, kv_tokens)
-        window = window_kv_sums(rb.computed[:m], j + 1, self.window_tokens)
-        return pairs, kv_tokens, window, step_times(m, pairs, kv_tokens, window)
+            return pairs, pairs, None, step_times(m, pairs, pairs)
+        window = window_kv_sums(rb.computed[:m], np.arange(1, k + 1, dtype=np.int64), self.window_tokens)
+        return pairs, pairs, window, step_times(m, pairs, pairs, window)
 
     def _cut_to_arrival(self, now: float, until_s: float, starts: np.ndarray, k: int, straddle: int = 0
                         ) -> tuple[int, float, bool] | None:
@@ -1021,17 +1098,24 @@ class Scheduler:
         rb = self.running
         m = rb.m
         bs = self.kv.block_size
-        c0 = rb.computed[:m]
-        j0 = rb.capacity[:m] - c0  # the first step at which each request needs a block
+        j0 = rb.capacity[:m] - rb.computed[:m]  # the first step at which each request needs a block
         h = k if horizon is None else horizon
-        cnt = np.where(j0 < h, (h - j0 + bs - 1) // bs, 0)
+        # blocks in steps 0..h-1: ceil((h - j0) / bs) where j0 < h, else 0 (j0 >= 0)
+        cnt = (h + bs - 1) - j0
+        np.maximum(cnt, 0, out=cnt)
+        cnt //= bs
         total = int(cnt.sum())
         if not total:
-            return k, np.zeros(0, np.int64), np.zeros(0, np.int64)
-        ev_i = np.arange(m).repeat(cnt)
-        ev_j = j0[ev_i] + (np.arange(total) - (cnt.cumsum() - cnt).repeat(cnt)) * bs
-        order = np.lexsort((ev_i, ev_j))
-        ev_i, ev_j = ev_i[order], ev_j[order]
+            return k, _NO_EVENTS, _NO_EVENTS
+        ends = cnt.cumsum()
+        ev_i = self._slots[:m].repeat(cnt)
+        ev_j = j0.repeat(cnt)
+        ev_j += (np.arange(total) - (ends - cnt).repeat(cnt)) * bs
+        # (step, slot) order: one sort of unique keys
+        key = ev_j * m
+        key += ev_i
+        key.sort()
+        ev_j, ev_i = np.divmod(key, m)
         if total > room:
             k = int(ev_j[room])
             if k < 1:
@@ -1039,40 +1123,44 @@ class Scheduler:
         return k, ev_i, ev_j
 
     def _apply_decode_run(self, k: int, starts: np.ndarray, durations: np.ndarray, ev_i: np.ndarray,
-                          ev_j: np.ndarray, c_sum: int) -> tuple[dict[str, Any], np.ndarray]:
+                          ev_j: np.ndarray, c_sum: int, reqs: list[Request]
+                          ) -> tuple[dict[str, Any], np.ndarray]:
         """decode_run's step 5 (sync and async): the blocks popped in order, the counters advanced
         by k, the token gaps; returns the k records as columns (constant ones as numpy scalars:
-        the recorder keeps one value for the k steps) and the gaps."""
+        the recorder keeps one value for the k steps) and the gaps. `reqs`: the running batch.
+        NOTE: the KV gauges in closed form: each block a step takes adds block_size used slots
+        and block_size capacity, so used - capacity (hence the stored tokens less the computed)
+        is the same on all k steps."""
         rb = self.running
-        m = rb.m
+        m = len(reqs)
         kv = self.kv
         bs = kv.block_size
-        j = np.arange(k, dtype=np.int64)
-        n_ev = int(ev_j.searchsorted(k, side="left"))
-        ev_i, ev_j = ev_i[:n_ev], ev_j[:n_ev]
+        n_ev = int(ev_j.searchsorted(k)) if len(ev_j) else 0
         stats = kv.stats()
+        cap0 = int(rb.capacity[:m].sum())
         if n_ev:
-            idx = ev_i.tolist()
-            reqs = rb.reqs
-            kv.take_decode_blocks([reqs[i] for i in idx], starts[ev_j].tolist())
-        taken = ev_j.searchsorted(j, side="right")  # blocks taken through each step / record
-        used, usage = kv.decode_gauges(taken)
-        cap_sum = int(rb.capacity[:m].sum()) + bs * taken
-        stored = used - (cap_sum - (c_sum + m * (j + 1)))
-        if n_ev:
+            ev_i, ev_j = ev_i[:n_ev], ev_j[:n_ev]
+            kv.take_decode_blocks(rb.ids[ev_i].tolist(), starts[ev_j])
+            taken = ev_j.searchsorted(np.arange(k), side="right")  # blocks taken through each step
             rb.capacity[:m] += bs * np.bincount(ev_i, minlength=m)
+        else:
+            taken = np.zeros(k, np.int64)
+        used, usage = kv.decode_gauges(taken)
+        # stored = used - (capacity - computed) after each step j (computed: c_sum + m (j + 1))
+        first_stored = stats.used_slots - cap0 + c_sum + m
+        stored = np.arange(first_stored, first_stored + m * k, m, dtype=np.int64)
         rb.computed[:m] += k
-        rb.tokens[:m] += k
-        rb.num_out[:m] += k
-        first = starts[1] - rb.last_token[:m]
-        gaps = np.concatenate((first, (starts[2:] - starts[1:-1]).repeat(m)))
-        rb.last_token[:m] = starts[k]
+        rb.cols[TOKENS:NUM_OUT + 1, :m] += k  # tokens and num_out
+        last = rb.last_token[:m]
+        first = starts[1] - last
+        gaps = np.concatenate((first, (starts[2:] - starts[1:-1]).repeat(m))) if k > 1 else first
+        last[:] = starts[k]
         self._gaps = gaps[-m:]
-        kv.now = float(starts[k - 1])
+        kv.now = starts.item(k - 1)
         self._admitted = []
         self.step_swap_s = 0.0
         full = np.int64(m)
-        zero = np.int64(0)
+        zero = _ZERO
 
         def const(value: int | None) -> np.generic | None:
             return None if value is None else np.asarray(value)[()]
@@ -1085,7 +1173,7 @@ class Scheduler:
             "prefix_queries_total": const(stats.prefix_queries),
             "prefix_hits_total": const(stats.prefix_hits),
             "evictions_total": const(stats.num_evictions),
-            "swap_s": None if self.swap is None else np.float64(0.0),
+            "swap_s": None if self.swap is None else _ZERO_S,
             "kv_external_frag_slots": const(stats.external_frag_slots)}
         return columns, gaps
 
