@@ -37,6 +37,7 @@ from simulator.metrics.steps import (
     empty_steps,
     read_ends_and_durations,
     release_arrow_memory,
+    release_memory,
 )
 from simulator.workload.request import Request
 
@@ -210,6 +211,7 @@ class IterationsWriter:
         self._writer.write_table(pa.Table.from_arrays([pa.array(v) for v in columns.values()],
                                                       schema=self._schema))
         self.num_rows += n
+        release_memory(self.num_rows)  # the group's columns, freed
 
     def close(self) -> None:
         """The last (short) row group and the footer; a run without steps writes the empty
@@ -419,6 +421,7 @@ class MetricsRecorder:
             if keep and self.num_steps > _KEEP_STEPS:  # from now on read back from the file
                 self._spilled = True
                 self._steps, self._coded, self._ends = {}, {}, []
+                release_memory(self.num_steps)
         elif self._full is not None:
             self._full.append(compact)
 
@@ -478,6 +481,7 @@ class MetricsRecorder:
         self._compress_gaps()
         if self._writer is not None:
             self._writer.close()
+        release_memory(self.num_steps)  # the last chunks and row group, freed
         self._done = True
 
     def iterations_file(self) -> Path | None:
