@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+import time
 
 import numpy as np
 import pandas as pd
@@ -78,6 +80,31 @@ def test_no_iterations_keeps_no_table_and_the_same_summary(tmp_path):
     assert not (out / "iterations.parquet").exists()
     for name in ("summary.json", "timeseries.parquet", "openmetrics.txt", "alerts.json"):
         assert (out / name).read_bytes() == (ref / name).read_bytes(), name
+
+
+def test_a_short_run_writes_its_last_row_group_in_the_background(tmp_path, monkeypatch):
+    """One row group: finish() hands the write to a thread; every reader of the file waits for
+    it (the file is whole), and an error the thread meets is raised in the caller's thread."""
+    started = []
+    real = recorder_mod.IterationsWriter._close
+
+    def slow_close(self):
+        started.append(threading.current_thread().name)
+        time.sleep(0.2)  # still writing when the summary is made
+        real(self)
+    monkeypatch.setattr(recorder_mod.IterationsWriter, "_close", slow_close)
+    res = run(_config(), iterations_path=tmp_path / "it.parquet")
+    assert started == ["iterations.parquet"]  # not the caller's thread
+    out = res.write(tmp_path / "run")
+    rows = pq.ParquetFile(out / "iterations.parquet").metadata.num_rows
+    assert rows == res.summary["batch"]["num_iterations"] > 0
+
+    def failing_close(self):
+        raise OSError("disk full")
+    monkeypatch.setattr(recorder_mod.IterationsWriter, "_close", failing_close)
+    res = run(_config(), iterations_path=tmp_path / "it2.parquet")  # the summary is made meanwhile
+    with pytest.raises(OSError, match="disk full"):
+        res.recorder.iterations_file()
 
 
 def test_a_short_streamed_run_keeps_its_compact_columns(tmp_path):

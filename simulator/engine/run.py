@@ -85,6 +85,9 @@ class Result:
             json.dumps(clean_floats(self.summary), indent=2, sort_keys=True) + "\n")
         (out / "config.yaml").write_text(yaml.safe_dump(self.setup.resolved_dict(), sort_keys=True))
         self.requests.to_parquet(out / "requests.parquet", index=False)
+        write_monitoring(out, self.requests, self.steps, alerts=self.setup.config.alerts,
+                         interval_s=interval_s, labels={"model_name": self.setup.model.name})
+        # NOTE: last: a short run's iterations.parquet may still be being written (recorder.finish)
         target = out / "iterations.parquet"
         streamed = self.recorder.iterations_file() if isinstance(self.recorder, MetricsRecorder) else None
         if not iterations:
@@ -98,8 +101,6 @@ class Result:
             else:
                 import shutil
                 shutil.copyfile(streamed, target)
-        write_monitoring(out, self.requests, self.steps, alerts=self.setup.config.alerts,
-                         interval_s=interval_s, labels={"model_name": self.setup.model.name})
         return out
 
 
