@@ -34,7 +34,6 @@ from simulator.config.schema import SimConfig
 from simulator.engine.advance import ArrivalClock
 from simulator.engine.build import Setup, setup
 from simulator.engine.cluster import Cluster, MergedRecorder, cluster_section
-from simulator.engine.disagg import run_disaggregated
 from simulator.engine.kvcache.offload import offload_summary
 from simulator.engine.protocols import RouterContext, SchedulerInterface, SchedulerStats
 from simulator.engine.replica import Replica, feed_arrivals
@@ -129,6 +128,9 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *,
     no iterations table at all (only the compact columns of the summary; --no-iterations).
     Clusters keep their replicas' tables in memory (their rows are merged at the end)."""
     if config.cluster.mode == "disaggregated":  # prefill and decode pools (engine/disagg.py)
+        # NOTE: imported here: the P/D module is only needed in this mode (~30 ms of start-up)
+        from simulator.engine.disagg import run_disaggregated
+
         s, summary, reqs, rec, _ = run_disaggregated(config, workload, progress=progress,
                                                      vectorized=vectorized, on_setup=on_setup)
         summary["config"] = run_config_summary(s)
