@@ -218,10 +218,12 @@ def test_lean_firings_equal_the_definition(seed):
     times = np.sort(rng.uniform(0, 50, n).round(1))
     values = rng.integers(0, 5, n).astype(np.float64)
     fn = StepFunction(times, values, initial=float(rng.integers(0, 3)))
-    for for_s in (0.0, 0.3, 2.0):
-        rule = AlertRule("r", "pending", 2.0, for_s=for_s)
-        got = [(f.start_s, f.end_s, f.peak, f.peak_s, f.resolved) for f in firings(rule, fn, 1.0, 49.0)]
-        assert got == _firings_reference(rule, fn, 1.0, 49.0)
+    # a window cutting the times (clipped), around them, and from the first to the last
+    for t0, t1 in ((1.0, 49.0), (-1.0, 51.0), (float(times[0]), float(times[-1]))):
+        for for_s in (0.0, 0.3, 2.0):
+            rule = AlertRule("r", "pending", 2.0, for_s=for_s)
+            got = [(f.start_s, f.end_s, f.peak, f.peak_s, f.resolved) for f in firings(rule, fn, t0, t1)]
+            assert got == _firings_reference(rule, fn, t0, t1), (t0, t1, for_s)
 
 
 # --- streamed runs read their StepColumns back from iterations.parquet ------------------------
