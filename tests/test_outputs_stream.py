@@ -158,10 +158,13 @@ def _time_weighted_reference(fn: StepFunction, t0: float, t1: float) -> dict:
     return {"mean": float(v @ w / total), "p95": p95, "max": float(recorded.max())}
 
 
+@pytest.mark.parametrize("ranges", [True, False])
 @pytest.mark.parametrize("seed", range(6))
-def test_lean_time_weighting_equals_the_definition(seed, monkeypatch):
-    """Chunked cumulative sums and radix-sorted integer keys: the same p95, bit for bit."""
+def test_lean_time_weighting_equals_the_definition(seed, ranges, monkeypatch):
+    """Chunked cumulative sums, radix-sorted integer keys, code keys visited by ranges (as a
+    long run's) or in one order: the same p95, bit for bit."""
     monkeypatch.setattr(ts_mod, "_ORDER_CHUNK", 97)
+    monkeypatch.setattr(ts_mod, "_RANGES_ABOVE", 0 if ranges else 1 << 40)
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 3000))
     times = np.cumsum(rng.exponential(0.01, n)) + rng.uniform(0, 1)
@@ -300,10 +303,10 @@ def test_number_text_matches_the_definition():
                1e300, -1e-300, 0.1, 1e16, 5e-324, 123456789.5, np.inf, -np.inf, np.nan]
     values = np.concatenate([special, rng.integers(-10**12, 10**12, 300).astype(np.float64),
                              rng.normal(0, 1e3, 300), rng.random(50).round(2)])
-    for chunk in (values, values[:3], values[3:4], rng.integers(0, 9, 40).astype(np.float64)):
-        rows = ts_mod._num_bytes(chunk)
-        assert [bytes(r).replace(b"\0", b"").decode() for r in rows] == \
-            [_num_reference(v) for v in chunk]
+    small = rng.integers(0, 9, 40).astype(np.float64)  # looked up in the table of small integers
+    grows = rng.integers(0, 1 << 16, 40).astype(np.float64)  # the table grown, and past it
+    for chunk in (values, values[:3], values[3:4], small, grows, values[:0]):
+        assert [t.decode() for t in ts_mod._num_texts(chunk)] == [_num_reference(v) for v in chunk]
 
 
 @pytest.mark.parametrize("seed", range(4))
