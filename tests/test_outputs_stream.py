@@ -376,3 +376,23 @@ def test_openmetrics_text_matches_the_line_by_line_definition(tmp_path, monkeypa
     assert path.read_bytes() == want.encode()
     with pytest.raises(ConfigError, match="NUL"):
         ts_mod.to_openmetrics(res.requests, res.steps, labels={"model_name": "a\0b"})
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_token_gaps_sort_as_the_floats_do(signed, monkeypatch):
+    """The gaps' (value, count) entries in the stable order of the values: sorted by their bits
+    when every value is >= +0.0 (equal floats, equal bits), as floats otherwise (-0.0, NaN)."""
+    rng = np.random.default_rng(3)
+    rec = recorder_mod.MetricsRecorder(100)
+    for _ in range(40):  # chunks sharing values (ties across chunks keep their chunk order)
+        gaps = rng.choice([0.0, 0.01, 0.02, 0.5, 1e-9], 3000) + rng.integers(0, 3, 3000) * 0.25
+        if signed:
+            gaps[:3] = (-0.0, -1.0, np.nan)
+        rec.add_token_gaps(gaps)
+        rec._compress_gaps()  # one (value, count) chunk each
+    v = np.concatenate(rec._gap_values)
+    c = np.concatenate(rec._gap_counts)
+    order = np.argsort(v, kind="stable")
+    got_v, got_c = rec.token_gaps()
+    assert np.array_equal(got_v.view(np.uint64), v[order].view(np.uint64))
+    assert np.array_equal(got_c, c[order])

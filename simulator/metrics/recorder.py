@@ -664,8 +664,11 @@ class MetricsRecorder:
             c[pos:pos + len(part)] = part_counts
             pos += len(part)
         del part, part_counts
-        order = np.argsort(v, kind="stable")
+        # NOTE: gaps are >= +0.0 and not NaN: their bits as uint64 order as the floats do, and
+        # equal bits are equal floats (the same stable order, ~25 % faster to sort); else floats
+        key = v.view(np.uint64) if not (np.signbit(v).any() or np.isnan(v).any()) else v
+        order = np.argsort(key, kind="stable")
         c = c[order]
         del order
-        v.sort(kind="stable")  # the same values as v[order], in place
+        key.sort(kind="stable")  # the same values as v[order], in place
         return v, c
