@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+import time
 
 import numpy as np
 import pandas as pd
@@ -80,6 +82,31 @@ def test_no_iterations_keeps_no_table_and_the_same_summary(tmp_path):
         assert (out / name).read_bytes() == (ref / name).read_bytes(), name
 
 
+def test_a_short_run_writes_its_last_row_group_in_the_background(tmp_path, monkeypatch):
+    """One row group: finish() hands the write to a thread; every reader of the file waits for
+    it (the file is whole), and an error the thread meets is raised in the caller's thread."""
+    started = []
+    real = recorder_mod.IterationsWriter._close
+
+    def slow_close(self):
+        started.append(threading.current_thread().name)
+        time.sleep(0.2)  # still writing when the summary is made
+        real(self)
+    monkeypatch.setattr(recorder_mod.IterationsWriter, "_close", slow_close)
+    res = run(_config(), iterations_path=tmp_path / "it.parquet")
+    assert started == ["iterations.parquet"]  # not the caller's thread
+    out = res.write(tmp_path / "run")
+    rows = pq.ParquetFile(out / "iterations.parquet").metadata.num_rows
+    assert rows == res.summary["batch"]["num_iterations"] > 0
+
+    def failing_close(self):
+        raise OSError("disk full")
+    monkeypatch.setattr(recorder_mod.IterationsWriter, "_close", failing_close)
+    res = run(_config(), iterations_path=tmp_path / "it2.parquet")  # the summary is made meanwhile
+    with pytest.raises(OSError, match="disk full"):
+        res.recorder.iterations_file()
+
+
 def test_a_short_streamed_run_keeps_its_compact_columns(tmp_path):
     res = run(_config(), iterations_path=tmp_path / "it.parquet")
     assert not isinstance(res.steps, StreamedSteps)
@@ -131,10 +158,13 @@ def _time_weighted_reference(fn: StepFunction, t0: float, t1: float) -> dict:
     return {"mean": float(v @ w / total), "p95": p95, "max": float(recorded.max())}
 
 
+@pytest.mark.parametrize("ranges", [True, False])
 @pytest.mark.parametrize("seed", range(6))
-def test_lean_time_weighting_equals_the_definition(seed, monkeypatch):
-    """Chunked cumulative sums and radix-sorted integer keys: the same p95, bit for bit."""
+def test_lean_time_weighting_equals_the_definition(seed, ranges, monkeypatch):
+    """Chunked cumulative sums, radix-sorted integer keys, code keys visited by ranges (as a
+    long run's) or in one order: the same p95, bit for bit."""
     monkeypatch.setattr(ts_mod, "_ORDER_CHUNK", 97)
+    monkeypatch.setattr(ts_mod, "_RANGES_ABOVE", 0 if ranges else 1 << 40)
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 3000))
     times = np.cumsum(rng.exponential(0.01, n)) + rng.uniform(0, 1)
@@ -191,10 +221,12 @@ def test_lean_firings_equal_the_definition(seed):
     times = np.sort(rng.uniform(0, 50, n).round(1))
     values = rng.integers(0, 5, n).astype(np.float64)
     fn = StepFunction(times, values, initial=float(rng.integers(0, 3)))
-    for for_s in (0.0, 0.3, 2.0):
-        rule = AlertRule("r", "pending", 2.0, for_s=for_s)
-        got = [(f.start_s, f.end_s, f.peak, f.peak_s, f.resolved) for f in firings(rule, fn, 1.0, 49.0)]
-        assert got == _firings_reference(rule, fn, 1.0, 49.0)
+    # a window cutting the times (clipped), around them, and from the first to the last
+    for t0, t1 in ((1.0, 49.0), (-1.0, 51.0), (float(times[0]), float(times[-1]))):
+        for for_s in (0.0, 0.3, 2.0):
+            rule = AlertRule("r", "pending", 2.0, for_s=for_s)
+            got = [(f.start_s, f.end_s, f.peak, f.peak_s, f.resolved) for f in firings(rule, fn, t0, t1)]
+            assert got == _firings_reference(rule, fn, t0, t1), (t0, t1, for_s)
 
 
 # --- streamed runs read their StepColumns back from iterations.parquet ------------------------
@@ -271,10 +303,10 @@ def test_number_text_matches_the_definition():
                1e300, -1e-300, 0.1, 1e16, 5e-324, 123456789.5, np.inf, -np.inf, np.nan]
     values = np.concatenate([special, rng.integers(-10**12, 10**12, 300).astype(np.float64),
                              rng.normal(0, 1e3, 300), rng.random(50).round(2)])
-    for chunk in (values, values[:3], values[3:4], rng.integers(0, 9, 40).astype(np.float64)):
-        rows = ts_mod._num_bytes(chunk)
-        assert [bytes(r).replace(b"\0", b"").decode() for r in rows] == \
-            [_num_reference(v) for v in chunk]
+    small = rng.integers(0, 9, 40).astype(np.float64)  # looked up in the table of small integers
+    grows = rng.integers(0, 1 << 16, 40).astype(np.float64)  # the table grown, and past it
+    for chunk in (values, values[:3], values[3:4], small, grows, values[:0]):
+        assert [t.decode() for t in ts_mod._num_texts(chunk)] == [_num_reference(v) for v in chunk]
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -344,3 +376,23 @@ def test_openmetrics_text_matches_the_line_by_line_definition(tmp_path, monkeypa
     assert path.read_bytes() == want.encode()
     with pytest.raises(ConfigError, match="NUL"):
         ts_mod.to_openmetrics(res.requests, res.steps, labels={"model_name": "a\0b"})
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_token_gaps_sort_as_the_floats_do(signed, monkeypatch):
+    """The gaps' (value, count) entries in the stable order of the values: sorted by their bits
+    when every value is >= +0.0 (equal floats, equal bits), as floats otherwise (-0.0, NaN)."""
+    rng = np.random.default_rng(3)
+    rec = recorder_mod.MetricsRecorder(100)
+    for _ in range(40):  # chunks sharing values (ties across chunks keep their chunk order)
+        gaps = rng.choice([0.0, 0.01, 0.02, 0.5, 1e-9], 3000) + rng.integers(0, 3, 3000) * 0.25
+        if signed:
+            gaps[:3] = (-0.0, -1.0, np.nan)
+        rec.add_token_gaps(gaps)
+        rec._compress_gaps()  # one (value, count) chunk each
+    v = np.concatenate(rec._gap_values)
+    c = np.concatenate(rec._gap_counts)
+    order = np.argsort(v, kind="stable")
+    got_v, got_c = rec.token_gaps()
+    assert np.array_equal(got_v.view(np.uint64), v[order].view(np.uint64))
+    assert np.array_equal(got_c, c[order])

@@ -34,7 +34,6 @@ from simulator.config.schema import SimConfig
 from simulator.engine.advance import ArrivalClock
 from simulator.engine.build import Setup, setup
 from simulator.engine.cluster import Cluster, MergedRecorder, cluster_section
-from simulator.engine.disagg import run_disaggregated
 from simulator.engine.kvcache.offload import offload_summary
 from simulator.engine.protocols import RouterContext, SchedulerInterface, SchedulerStats
 from simulator.engine.replica import Replica, feed_arrivals
@@ -85,6 +84,9 @@ class Result:
             json.dumps(clean_floats(self.summary), indent=2, sort_keys=True) + "\n")
         (out / "config.yaml").write_text(yaml.safe_dump(self.setup.resolved_dict(), sort_keys=True))
         self.requests.to_parquet(out / "requests.parquet", index=False)
+        write_monitoring(out, self.requests, self.steps, alerts=self.setup.config.alerts,
+                         interval_s=interval_s, labels={"model_name": self.setup.model.name})
+        # NOTE: last: a short run's iterations.parquet may still be being written (recorder.finish)
         target = out / "iterations.parquet"
         streamed = self.recorder.iterations_file() if isinstance(self.recorder, MetricsRecorder) else None
         if not iterations:
@@ -98,8 +100,6 @@ class Result:
             else:
                 import shutil
                 shutil.copyfile(streamed, target)
-        write_monitoring(out, self.requests, self.steps, alerts=self.setup.config.alerts,
-                         interval_s=interval_s, labels={"model_name": self.setup.model.name})
         return out
 
 
@@ -128,6 +128,9 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *,
     no iterations table at all (only the compact columns of the summary; --no-iterations).
     Clusters keep their replicas' tables in memory (their rows are merged at the end)."""
     if config.cluster.mode == "disaggregated":  # prefill and decode pools (engine/disagg.py)
+        # NOTE: imported here: the P/D module is only needed in this mode (~30 ms of start-up)
+        from simulator.engine.disagg import run_disaggregated
+
         s, summary, reqs, rec, _ = run_disaggregated(config, workload, progress=progress,
                                                      vectorized=vectorized, on_setup=on_setup)
         summary["config"] = run_config_summary(s)

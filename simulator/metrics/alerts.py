@@ -125,12 +125,26 @@ def firings(rule: AlertRule, fn: StepFunction, t0: float, t1: float) -> list[Fir
     threshold into episodes [a, b); 3. an episode longer than for_s fires over [a + for_s, b),
     with the peak over that span."""
     # NOTE: StepFunction.segments less its pieces of length 0, without arrays of the pieces'
-    # own: `kept` maps a kept piece to its segment (edges[s], edges[s + 1], value v[s])
+    # own: `kept` maps a kept piece to its segment (edges[s], edges[s + 1], value v[s]); the
+    # edges are [t0, clip(times, t0, t1), t1], read where needed (step ends lie within the
+    # window: the clip is then the times themselves, no array of them is made)
     times = fn.times
-    edges = np.empty(len(times) + 2)
-    edges[0], edges[-1] = t0, t1
-    np.clip(times, t0, t1, out=edges[1:-1])
-    positive = edges[1:] > edges[:-1]  # length > 0
+    n_times = len(times)
+    if n_times and (float(times.min()) < t0 or float(times.max()) > t1):
+        times = np.clip(times, t0, t1)
+
+    def edges_at(seg: np.ndarray) -> np.ndarray:
+        if not n_times:
+            return np.where(seg == 0, t0, t1).astype(np.float64)
+        inner = times[np.clip(seg - 1, 0, n_times - 1)]
+        return np.where(seg == 0, t0, np.where(seg > n_times, t1, inner)).astype(np.float64)
+    positive = np.empty(n_times + 1, bool)  # length > 0: edges[1:] > edges[:-1]
+    if n_times:
+        positive[0] = times[0] > t0
+        np.greater(times[1:], times[:-1], out=positive[1:-1])
+        positive[-1] = t1 > times[-1]
+    else:
+        positive[0] = t1 > t0
     # (None: every piece has a length, piece i is segment i, as in a run's step ends)
     kept = None if positive.all() else np.flatnonzero(positive)
     del positive
@@ -160,8 +174,8 @@ def firings(rule: AlertRule, fn: StepFunction, t0: float, t1: float) -> list[Fir
         return np.where(seg > 0, fn.values[np.maximum(seg - 1, 0)], fn.initial).astype(np.float64)
     for i, j in zip(first_above.tolist(), last_above.tolist()):
         segs = segments_of(i, j)
-        starts = edges[segs]
-        lengths = edges[segs + 1] - starts
+        starts = edges_at(segs)
+        lengths = edges_at(segs + 1) - starts
         a, b = float(starts[0]), float(starts[-1] + lengths[-1])
         if b - a <= rule.for_s:
             continue

@@ -25,7 +25,7 @@ import pandas as pd
 from simulator.config.sections import SloConfig
 from simulator.metrics.alerts import evaluate, resolve_rules, summarize_alerts
 from simulator.metrics.recorder import MetricsRecorder
-from simulator.metrics.steps import StepColumns
+from simulator.metrics.steps import StepColumns, release_memory
 from simulator.metrics.timeseries import Iterations, run_window, segment_lengths, weighted_stats, with_initial
 
 SCHEMA_VERSION = 3
@@ -109,6 +109,7 @@ def summarize(recorder: MetricsRecorder, num_arrived: int, *, slo: dict | None =
     busy = recorder.busy_s()
     reqs = recorder.requests_frame()
     iters = recorder.step_columns()
+    release_memory(len(iters))  # the token gaps' parts, freed
     targets = resolve_slo(slo)
     rules = resolve_rules(alerts)
     t0, t1 = run_window(reqs, iters)
@@ -169,6 +170,7 @@ def summarize(recorder: MetricsRecorder, num_arrived: int, *, slo: dict | None =
         "num_tokens": _batch_stats(iters["num_tokens"] if len(iters) else np.zeros(0)),
         "max_running": int(iters["num_running"].max()) if len(iters) else 0,
     }
+    release_memory(len(iters))  # the request sections' frames, freed
     gauges = _Gauges(iters, t0, t1)
     kv_cache = _kv_section(recorder.total_slots, gauges)
     fragmentation = _fragmentation_section(gauges, kv_allocator)
@@ -447,11 +449,12 @@ def write_monitoring(out_dir, requests: pd.DataFrame, iterations: Iterations, *,
     from pathlib import Path
 
     from simulator.metrics.alerts import alerts_document
-    from simulator.metrics.steps import as_steps
+    from simulator.metrics.steps import as_steps, release_memory
     from simulator.metrics.timeseries import auto_interval, build_timeseries, sample, write_openmetrics
 
     out = Path(out_dir)
     steps = as_steps(iterations)
+    release_memory(len(steps))
     if interval_s is None:
         interval_s = auto_interval(run_window(requests, steps)[1])
     rules = resolve_rules(alerts)
