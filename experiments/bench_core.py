@@ -12,11 +12,14 @@ measured in the same invocation (W4's step reference runs at --w4-step-requests,
 and the speed-up compares steps per second). --w4-growth-from N also runs W4 at N requests
 and prints the cost growth (wall and RSS ratios) from N to --w4-requests. The load average
 is printed before and after: walls on a shared machine are only comparable at equal load.
+The simulator package is byte-compiled first (as `pip install` does): a machine with
+PYTHONDONTWRITEBYTECODE set would otherwise recompile it in every run (~0.3 s of each wall).
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import subprocess
@@ -62,6 +65,7 @@ def main() -> None:
                     help="only W4 at each N requests (--w4-rate): peak RSS and its growth per "
                          "engine step between consecutive sizes")
     args = ap.parse_args()
+    compileall.compile_dir("simulator", quiet=1)  # the package the runs import (cwd: project root)
     print("load average (1, 5, 15 min): " + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
     if args.w4_memory:
         memory_growth(args.w4_memory, args.w4_rate, not args.no_iterations)

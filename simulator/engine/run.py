@@ -17,6 +17,7 @@ Same config + seed => byte-identical files: no wall clock and no global RNG reac
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -165,7 +166,14 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *,
     cluster = Cluster(replicas, router)
     env.process(feed_arrivals(env, workload, cluster, clock))
     t0 = time.perf_counter()
-    env.run()
+    # NOTE: what exists now (modules, config, workload) outlives the run: frozen, the cyclic
+    # collector's full passes skip it (W4 80k: 0.37 -> 0.09 s of gen-2 pauses); unfrozen after,
+    # so a sweep's later collections still see it
+    gc.freeze()
+    try:
+        env.run()
+    finally:
+        gc.unfreeze()
     wall = time.perf_counter() - t0
     if n == 1:  # the plain single-replica outputs
         merged: MetricsRecorder | MergedRecorder = recorders[0]
