@@ -276,7 +276,11 @@ def test_standard_errors_and_no_parameter_on_a_bound(measured_fits):
         for name, stat in fit.stats.items():
             value = getattr(fit.params, name)
             assert stat.at_bound is None, (fit.gpu.name, name, stat)
-            pinned = stat.std_error < 0.1 * value or (name.endswith("_overhead_s") and stat.std_error < 1e-7)
+            # the SM tile costs are the loosest (A40's feed +-31 %, A100's setup +-14 %: the data see
+            # little of them, docs/costmodel.md "Standard errors"); everything else within 10 %
+            loose = 0.35 if name in ("gemm_feed_flop_per_byte", "gemm_tile_setup_k") else 0.1
+            near_zero = name.endswith("_overhead_s") and stat.std_error < 1e-7
+            pinned = stat.std_error < loose * value or near_zero
             assert 0 < stat.std_error and pinned and stat.dof >= 78, (fit.gpu.name, name, stat)
     a100, h100 = measured_fits["a100"].stats, measured_fits["h100"].stats
     assert a100["gemm_select_exp"] == h100["gemm_select_exp"]
@@ -349,10 +353,12 @@ def test_calibrate_cli_writes_profile_and_plot(shared_data, tmp_path, capsys):
     assert cal["provenance"]["data"].endswith("kernels/compute/h100")
     assert cal["provenance"]["dataset"] == "Vidur's H100 kernel timings"
     se = cal["provenance"]["standard_errors"]
-    assert "at_bound" not in se and 0 < se["params"]["gemm_compute_eff"] < 0.02
-    assert "gemm_tile_setup_k" not in se["params"]  # one GPU alone: the shared tile costs are held
+    ce = cal["params"]["gemm_compute_eff"]
+    assert "at_bound" not in se and 0 < se["params"]["gemm_compute_eff"] < 0.05 * ce
+    assert "gemm_tile_setup_k" in se["params"]  # the SM tile costs are per GPU: fitted on its data
+    assert "gemm_select_exp" not in se["params"]  # one GPU alone: the shared tile choice is held
     committed = get_gpu("h100-sxm").calibration["params"]
-    assert cal["params"]["gemm_tile_setup_k"] == committed["gemm_tile_setup_k"]
+    assert cal["params"]["gemm_select_exp"] == committed["gemm_select_exp"]
     assert "held at the profile's values" in cal["provenance"]["shared"]
     assert (tmp_path / "r/parity.png").stat().st_size > 10_000
     assert (tmp_path / "r/residuals.png").stat().st_size > 10_000
