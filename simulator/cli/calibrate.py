@@ -186,7 +186,7 @@ def main(args: argparse.Namespace) -> int:
         plot = residual_plot(list(held.items()), Path(args.report_dir) / "holdout_residuals.png", what)
         console.print(f"residual plot: {plot}; no profile written", highlight=False)
         return 0
-    # 1. fit every GPU first (together: shared tile-choice exponent): nothing is written unless all fits succeed
+    # 1. fit every GPU first (together: the shared tile choice): nothing is written unless all fits succeed
     fits = fit_gpus(profiles, names, target=target, lomo=not args.no_lomo, logo=not args.no_lomo)
     print_op_table(console, fits)
     print_lomo_table(console, fits)
