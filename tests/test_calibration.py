@@ -221,20 +221,20 @@ def heldout_fits():
                                                    ("h100", "h100-sxm", 2)])
 def test_held_out_errors_within_target(heldout_fits, folder, gpu, num_models):
     """Issue 16: fit without model M (all GPUs' GEMMs together), predict M's per-layer op sum on
-    every token/TP row; and fit without this GPU, predict it through its datasheet. The figures
-    the docs quote (docs/costmodel.md) with a little slack: LOMO pooled mean <= 4.5 % and p95 <=
-    12.5 % (4.2 / 4.0 / 4.2 % and 11.4 / 11.7 / 12.3 %; H100 was 5.0 % / 13.3 % before the
-    element-wise pooling), every model <= 7 %, no token band off by more than 4 % on average on
-    A100 / A40 and 8 % on H100 (its T = 1 band, +6.0 %, was +11.0 %; docs/costmodel.md,
-    must-show 2); LOGO mean <= 10 %. The committed profile holds the same LOMO figures."""
+    every token/TP row; and fit without this GPU, predict it through its datasheet. Must-show 1 as
+    the issue states it: LOMO pooled mean <= 4 % and p95 <= 12 % on every GPU (3.996 / 3.93 /
+    3.78 % and 11.19 / 11.998 / 10.19 %, docs/costmodel.md: A100's mean and A40's p95 have no
+    margin), every model <= 7 %, no token band off by more than 4 % on average on A100 / A40 and
+    6 % on H100 (its T = 1 band, +5.4 %, was +11.0 % before the element-wise pooling; must-show
+    2); LOGO mean <= 10 %. The committed profile holds the same LOMO figures."""
     fit = heldout_fits[folder]
     assert fit.gpu.name == gpu and len(fit.lomo) == num_models
     pooled = fit.lomo_residuals.stats()
-    assert pooled.mape_pct <= 4.5 and pooled.p95_pct <= 12.5, (gpu, pooled)
+    assert pooled.mape_pct <= 4.0 and pooled.p95_pct <= 12.0, (gpu, pooled)
     for name, err in fit.lomo.items():
         assert err.mape_pct <= 7.0 and err.rows >= 261, (gpu, name, err)
     for band, err in fit.lomo_residuals.by_band().items():
-        assert abs(err.bias_pct) <= (8.0 if gpu == "h100-sxm" else 4.0), (gpu, band, err)
+        assert abs(err.bias_pct) <= (6.0 if gpu == "h100-sxm" else 4.0), (gpu, band, err)
     assert fit.logo.stats().mape_pct <= 10.0, (gpu, fit.logo.stats())
     committed = get_gpu(gpu).calibration["error"]
     assert committed["leave_one_model_out_mape_pct"] == \
@@ -244,8 +244,8 @@ def test_held_out_errors_within_target(heldout_fits, folder, gpu, num_models):
 
 def test_committed_profiles_hold_the_fit(measured_fits):
     """The YAMLs in gpu_profiles/ are what `kvsim calibrate` fits from the data today: parameters
-    (the shared GEMM tile costs the same on every GPU), standard errors and bound flags, and the
-    rest of the provenance."""
+    (the shared tile-choice exponent and row rates the same on every GPU), standard errors and
+    bound flags, and the rest of the provenance."""
     shared = {name: getattr(measured_fits["a100"].params, name) for name in SHARED_PARAMS}
     for fit in measured_fits.values():
         committed = get_gpu(fit.gpu.name).calibration
@@ -269,18 +269,40 @@ def test_standard_errors_and_no_parameter_on_a_bound(measured_fits):
     (issue 16; the soft roofline had H100's overlap exponent on 1), and the data pin each one
     down to a few per cent, or (a per-kernel overhead next to 0) to within 0.1 us, negligible
     against the microseconds of any kernel (A40's norm was 0.05 +- 0.03 us before the element-wise
-    pooling, 0.55 +- 0.03 us with it, docs/costmodel.md). The shared tile costs carry one joint
-    standard error."""
+    pooling, 0.55 +- 0.03 us with it, docs/costmodel.md). The shared tile-choice exponent carries
+    one joint standard error."""
     for fit in measured_fits.values():
         assert set(fit.stats) == {n for n in fit.params.as_dict() if not n.startswith("attn_")}, fit.gpu.name
         for name, stat in fit.stats.items():
             value = getattr(fit.params, name)
             assert stat.at_bound is None, (fit.gpu.name, name, stat)
-            pinned = stat.std_error < 0.1 * value or (name.endswith("_overhead_s") and stat.std_error < 1e-7)
+            # the SM tile costs are the loosest (A40's feed +-31 %, A100's setup +-14 %: the data see
+            # little of them, docs/costmodel.md "Standard errors"); everything else within 10 %
+            loose = 0.35 if name in ("gemm_feed_flop_per_byte", "gemm_tile_setup_k") else 0.1
+            near_zero = name.endswith("_overhead_s") and stat.std_error < 1e-7
+            pinned = stat.std_error < loose * value or near_zero
             assert 0 < stat.std_error and pinned and stat.dof >= 78, (fit.gpu.name, name, stat)
     a100, h100 = measured_fits["a100"].stats, measured_fits["h100"].stats
-    assert a100["gemm_tile_setup_k"] == h100["gemm_tile_setup_k"]
+    assert a100["gemm_select_exp"] == h100["gemm_select_exp"]
     assert 1.0 < measured_fits["h100"].params.gemm_overlap_exp < 20.0
+
+
+def test_per_gpu_tile_costs_follow_the_chips(measured_fits):
+    """The SM tile costs are per GPU because they are the chip's (fit.py, GEMM_PER_GPU): the
+    operand feed r costs the SM's tensor rate over its shared-memory rate, 1,024 / 2,048 / 4,096
+    dense fp16 flops per clock on A40 / A100 / H100 against 128 B per clock on each, and the tile
+    setup k0 (the epilogue's store at memory speed) grows with peak / bandwidth (215 / 153 / 295
+    flop/B). The fit orders both the same way, and the largest tile's main loop stays within the
+    datasheet peak's neighbourhood (not > 1.1, which no clock boost reaches)."""
+    from simulator.calibration.fit import main_loop_eff
+
+    p = {k: f.params for k, f in measured_fits.items()}
+    feed = [p[g].gemm_feed_flop_per_byte for g in ("a40", "a100", "h100")]
+    assert feed == sorted(feed), feed
+    assert p["a100"].gemm_tile_setup_k < p["a40"].gemm_tile_setup_k < p["h100"].gemm_tile_setup_k
+    for fit in measured_fits.values():
+        assert 0.6 < main_loop_eff(fit.params) < 1.1, (fit.gpu.name, main_loop_eff(fit.params))
+        assert fit.params.attn_compute_eff < main_loop_eff(fit.params)
 
 
 def test_network_fit(shared_data):
@@ -331,10 +353,12 @@ def test_calibrate_cli_writes_profile_and_plot(shared_data, tmp_path, capsys):
     assert cal["provenance"]["data"].endswith("kernels/compute/h100")
     assert cal["provenance"]["dataset"] == "Vidur's H100 kernel timings"
     se = cal["provenance"]["standard_errors"]
-    assert "at_bound" not in se and 0 < se["params"]["gemm_compute_eff"] < 0.02
-    assert "gemm_tile_setup_k" not in se["params"]  # one GPU alone: the shared tile costs are held
+    ce = cal["params"]["gemm_compute_eff"]
+    assert "at_bound" not in se and 0 < se["params"]["gemm_compute_eff"] < 0.05 * ce
+    assert "gemm_tile_setup_k" in se["params"]  # the SM tile costs are per GPU: fitted on its data
+    assert "gemm_select_exp" not in se["params"]  # one GPU alone: the shared tile choice is held
     committed = get_gpu("h100-sxm").calibration["params"]
-    assert cal["params"]["gemm_tile_setup_k"] == committed["gemm_tile_setup_k"]
+    assert cal["params"]["gemm_select_exp"] == committed["gemm_select_exp"]
     assert "held at the profile's values" in cal["provenance"]["shared"]
     assert (tmp_path / "r/parity.png").stat().st_size > 10_000
     assert (tmp_path / "r/residuals.png").stat().st_size > 10_000

@@ -71,11 +71,12 @@ def test_more_tp_never_makes_per_shard_compute_slower(model, gpu, t, ctx, tp):
 def test_tables_non_decreasing_and_zero_tokens_free(gpu):
     cm = cost("llama-3.1-8b", gpu, 2)
     assert cm.step_time(StepShape(0, 0, 0.0, 0)) == 0.0
-    # the raw forms may dip by < 0.1 % where the tile-choice weights shift (costmodel item 1); the
+    # the raw forms may dip by < 0.2 % where the tile-choice weights shift (costmodel item 1; the
+    # largest, 0.105 %, is H200's LM head at T = 241 with the per-GPU tile costs of issue 16); the
     # tables step_time reads take the running max, so a step never gets cheaper with more tokens
     for f in (cm.per_step_time, cm.lm_head_time):
         x = f(np.arange(2049))
-        assert np.all(np.diff(x) >= -1e-3 * x[1:])
+        assert np.all(np.diff(x) >= -2e-3 * x[1:])
     assert np.all(np.diff(cm._tokens_table) >= 0) and np.all(np.diff(cm._sampled_table) >= 0)
     assert cm.allreduce_time_per_layer(1)[()] > 0
     assert cost("llama-3.1-8b", gpu, 1).allreduce_time_per_layer(4096)[()] == 0.0

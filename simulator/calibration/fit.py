@@ -24,7 +24,15 @@ import pandas as pd
 
 from simulator.calibration.data import STAT, ModelTimings, network_frame
 from simulator.calibration.pool import donors, pool_residuals, pool_terms
-from simulator.calibration.solve import LEAST_SQUARES, Objective, Param, ParamStat, Solution, solve
+from simulator.calibration.solve import (
+    DATA_LOSS,
+    LEAST_SQUARES,
+    Objective,
+    Param,
+    ParamStat,
+    Solution,
+    solve,
+)
 from simulator.engine.costmodel import (
     ATTN_TO_GEMM_COMPUTE,
     ELEMENTWISE_KIND,
@@ -92,11 +100,19 @@ def _gemm_rows(models: list[ModelTimings]) -> tuple[np.ndarray, ...]:
 # Rows with at most this many tokens are deep in the bandwidth-bound regime on every GPU here
 # (ridge points are ~100-300 tokens), so they identify the weight-streaming parameters alone.
 MEMORY_BOUND_MAX_TOKENS = 8
-# The GEMM parameters: per GPU (weight streaming; tensor-core efficiency and memory/compute
-# overlap) and shared by every GPU fitted together (they describe the kernels' tiles).
+# The GEMM parameters: per GPU (weight streaming; tensor-core efficiency, memory/compute overlap,
+# and the SM's per-tile costs: operand feed and tile setup) and shared by every GPU fitted
+# together (the library's tile choice).
+# NOTE: the feed cost r is per GPU because it is the SM's tensor rate over its shared-memory
+# rate, a property of the chip: per SM and clock A100 does 2,048 dense fp16 flops, A40 (GA102)
+# 1,024 and H100 4,096 (wgmma), against 128 B/clock of shared memory on all three, so one byte
+# fed costs A40 half and H100 twice A100's flops (fitted: 0.56x and ~4x, docs/costmodel.md).
+# The tile setup k0 (pipeline fill, epilogue) is per GPU for a like reason: the epilogue stores
+# the output tile at memory speed, so counted in K-steps of tensor work it grows with the chip's
+# peak / bandwidth (A100 153, A40 215, H100 295 flop/B; fitted k0 orders the same way).
 GEMM_MEMORY = ("gemm_overhead_s", "gemm_bandwidth_eff")
-GEMM_PER_GPU = ("gemm_compute_eff", "gemm_overlap_exp")
-GEMM_SHARED = ("gemm_feed_flop_per_byte", "gemm_tile_setup_k", "gemm_select_exp")
+GEMM_PER_GPU = ("gemm_compute_eff", "gemm_overlap_exp", "gemm_feed_flop_per_byte", "gemm_tile_setup_k")
+GEMM_SHARED = ("gemm_select_exp",)
 FEED_RANGE = (1e-3, 1e3)  # flop-equivalents per operand byte: 0 (free) .. far beyond any SM
 SETUP_K_RANGE = (1e-1, 1e4)  # K-elements of per-tile prologue/epilogue: ~0 .. longer than any K here
 SELECT_EXP_RANGE = (1.0, 999.0)  # tile-choice weights (t_min/t_i)^q: 1 = a broad blend .. the plain min
@@ -142,11 +158,13 @@ class GemmData:
                    GemmGeometry(t[keep], k[keep], n[keep], 2.0, chip), np.log(y), np.log(y[keep]))
 
 
-def _fit_memory(data: GemmData, compute: CostParams, objective: Objective) -> Solution | None:
+def _fit_memory(data: GemmData, compute: CostParams) -> Solution | None:
     """Stage 1: gemm_overhead_s and gemm_bandwidth_eff on the bandwidth-bound rows, through the
     full tile model with the compute parameters of `compute` (their share of these rows' time
     is small, padded skinny tiles, but counting it keeps the weight streaming unbiased).
-    None with fewer than 3 such rows."""
+    None with fewer than 3 such rows.
+    NOTE: always least squares: a few weight sizes per model timed at 1 us resolution, no tile
+    choice to jump between; a soft-l1 loss here put gemm_overhead_s on its lower bound (tried)."""
     if data.log_y_small.size < 3:
         return None
 
@@ -154,7 +172,7 @@ def _fit_memory(data: GemmData, compute: CostParams, objective: Objective) -> So
         p = replace(compute, gemm_overhead_s=float(v[0]), gemm_bandwidth_eff=float(v[1]))
         return np.log(data.small.time(p)) - data.log_y_small
 
-    return solve(residual, [_gemm_param(n, GEMM_STARTS[n]) for n in GEMM_MEMORY], objective)
+    return solve(residual, [_gemm_param(n, GEMM_STARTS[n]) for n in GEMM_MEMORY], LEAST_SQUARES)
 
 
 @dataclass(frozen=True)
@@ -171,15 +189,15 @@ class GemmFit:
 GEMM_ROUNDS = 2  # stage 1 then 2, twice: round 2's stage 1 sees round 1's compute parameters
 
 
-def fit_gemm_joint(data: list[GemmData], objective: Objective = LEAST_SQUARES,
+def fit_gemm_joint(data: list[GemmData], objective: Objective = DATA_LOSS,
                    fit_shared: bool = True, start: dict[str, float] | None = None) -> GemmFit:
     """Fit the GEMM tile model on log(predicted / measured) over one or more GPUs. Steps:
     1. per GPU, on its bandwidth-bound rows (T <= MEMORY_BOUND_MAX_TOKENS): gemm_overhead_s and
        gemm_bandwidth_eff, the achieved weight-streaming rate, with the compute parameters at
        their current values (`_fit_memory`);
-    2. all rows of all GPUs together, with those fixed (unrounded): gemm_compute_eff and
-       gemm_overlap_exp per GPU, and (fit_shared) gemm_feed_flop_per_byte and gemm_tile_setup_k
-       shared by all of them; without fit_shared those two keep each GPU's base values;
+    2. all rows of all GPUs together, with those fixed (unrounded), through `objective`'s loss
+       (DATA_LOSS by default): GEMM_PER_GPU per GPU, and (fit_shared) GEMM_SHARED, the tile
+       choice's exponent, shared by all of them; without fit_shared it keeps each GPU's base value;
     3. once more (GEMM_ROUNDS): step 1 with step 2's compute parameters, step 2 from its last
        solution, so the weight streaming is not biased by the starting compute values (a fit
        of the model's own output recovers its parameters);
@@ -199,7 +217,7 @@ def fit_gemm_joint(data: list[GemmData], objective: Objective = LEAST_SQUARES,
         free: list[tuple[str | None, str]] = []  # (GPU name or None for shared, parameter)
         for d in data:
             name = d.gpu.name
-            mem = _fit_memory(d, compute[name], objective)
+            mem = _fit_memory(d, compute[name])
             if mem is None:
                 fixed[name], stats[name] = {}, {}
                 free += [(name, p) for p in GEMM_MEMORY]
@@ -218,7 +236,7 @@ def fit_gemm_joint(data: list[GemmData], objective: Objective = LEAST_SQUARES,
                 out[d.gpu.name] = replace(d.base, **fixed[d.gpu.name], **own)
             return out
 
-        # 2. tensor-core efficiency and overlap per GPU, the kernels' tile costs shared
+        # 2. tensor-core efficiency, overlap and SM tile costs per GPU, the tile-choice exponent shared
         def residual(v: np.ndarray, values_of=values_of) -> np.ndarray:
             ps = values_of(v)
             return np.concatenate([np.log(d.geometry.time(ps[d.gpu.name])) - d.log_y for d in data])
@@ -238,8 +256,8 @@ def fit_gemm_joint(data: list[GemmData], objective: Objective = LEAST_SQUARES,
 
 
 def fit_gemm(models: list[ModelTimings], gpu: GpuSpec, base: CostParams,
-             objective: Objective = LEAST_SQUARES) -> FittedParams:
-    """One GPU's GEMM fit with the shared tile costs held at the base's values (see
+             objective: Objective = DATA_LOSS) -> FittedParams:
+    """One GPU's GEMM fit with the shared tile-choice exponent held at the base's values (see
     `fit_gemm_joint`)."""
     fit = fit_gemm_joint([GemmData.of(models, gpu, base)], objective, fit_shared=False)
     return FittedParams(fit.params[gpu.name], fit.stats[gpu.name])
@@ -329,10 +347,20 @@ def fit_elementwise(models: list[ModelTimings], gpu: GpuSpec, base: CostParams,
     return fit_elementwise_joint([(models, gpu, base)], objective, fit_shared=False)[gpu.name]
 
 
+def main_loop_eff(p: CostParams, bm: int = 128, bn: int = 256, dtype_bytes: float = 2.0) -> float:
+    """Fraction of peak at which a bm x bn tile's main loop runs, tensor work and operand feed
+    (costmodel item 1): 1 / (1 / gemm_compute_eff + r * (bm + bn) * dtype_bytes / (2 * bm * bn));
+    the default is the largest candidate tile, what a large GEMM runs at before memory and setup."""
+    feed = p.gemm_feed_flop_per_byte * (bm + bn) * dtype_bytes / (2.0 * bm * bn)
+    return 1.0 / (1.0 / p.gemm_compute_eff + feed)
+
+
 def derive_attention(fitted: FittedParams) -> FittedParams:
-    """Attention parameters from the GEMM fit when attention was not measured (costmodel item 3)."""
+    """Attention parameters from the GEMM fit when attention was not measured (costmodel item 3):
+    attn_compute_eff = ATTN_TO_GEMM_COMPUTE x the largest tile's main-loop efficiency
+    (`main_loop_eff`; gemm_compute_eff alone is the tensor pipe before the per-GPU feed cost)."""
     p = fitted.params
-    derived = replace(p, attn_compute_eff=round_sig(ATTN_TO_GEMM_COMPUTE * p.gemm_compute_eff),
+    derived = replace(p, attn_compute_eff=round_sig(ATTN_TO_GEMM_COMPUTE * main_loop_eff(p)),
                       attn_bandwidth_eff=p.gemm_bandwidth_eff)
     return replace(fitted, params=derived)
 
@@ -362,11 +390,12 @@ def fit_attention(frames: list[pd.DataFrame], gpu: GpuSpec, base: FittedParams,
 
 
 def fit_compute(models: list[ModelTimings], gpu: GpuSpec, base: CostParams,
-                objective: Objective = LEAST_SQUARES) -> FittedParams:
-    """GEMM (shared tile costs held at the base's values), then element-wise parameters (they
-    share no parameter, so the order is immaterial)."""
+                objective: Objective = DATA_LOSS) -> FittedParams:
+    """GEMM (shared tile-choice exponent held at the base's values; `objective` is the tile step's
+    loss), then element-wise parameters (least squares; they share no parameter with the GEMMs,
+    so the order is immaterial)."""
     gemm = fit_gemm(models, gpu, base, objective)
-    elementwise = fit_elementwise(models, gpu, gemm.params, objective)
+    elementwise = fit_elementwise(models, gpu, gemm.params)  # least squares (fit_compute_joint)
     return FittedParams(elementwise.params, {**gemm.stats, **elementwise.stats})
 
 
@@ -379,15 +408,18 @@ class JointFit:
 
 
 def fit_compute_joint(folders: list[tuple[list[ModelTimings], GpuSpec, CostParams]],
-                      objective: Objective = LEAST_SQUARES,
+                      objective: Objective = DATA_LOSS,
                       start: dict[str, float] | None = None) -> JointFit:
-    """GEMMs of every GPU together (`fit_gemm_joint`, shared tile costs fitted when there is more
-    than one GPU), then each GPU's element-wise parameters."""
+    """GEMMs of every GPU together (`fit_gemm_joint`, `objective` the tile step's loss; the shared
+    tile-choice exponent fitted when there is more than one GPU), then each GPU's element-wise
+    parameters (least squares)."""
     data = [GemmData.of(models, gpu, base) for models, gpu, base in folders]
     joint = len(data) > 1
     gemm = fit_gemm_joint(data, objective, fit_shared=joint, start=start)
+    # NOTE: least squares, whatever `objective`: a soft-l1 loss here took every GPU's norm
+    # overhead to its lower bound 0 (f_scale 0.05 and 0.1; tried), the row term absorbing it
     ew = fit_elementwise_joint([(models, gpu, gemm.params[gpu.name]) for models, gpu, _ in folders],
-                               objective, fit_shared=joint)
+                               LEAST_SQUARES, fit_shared=joint)
     out = {gpu.name: FittedParams(ew[gpu.name].params, {**gemm.stats[gpu.name], **ew[gpu.name].stats})
            for _, gpu, _ in folders}
     return JointFit(out, gemm.solution)

@@ -1,5 +1,5 @@
 """GPU data folders, end to end: read every model, fit compute (the GEMMs of all folders
-together, so the tile costs they share are fitted on every GPU's data), attention and
+together, so the tile-choice exponent they share is fitted on every GPU's data), attention and
 all-reduce parameters, and score the fit (in-sample per operator, leave-one-model-out,
 leave-one-GPU-out).
 
@@ -41,7 +41,7 @@ from simulator.calibration.score import (
     op_errors,
     predict_layer_sum,
 )
-from simulator.calibration.solve import LEAST_SQUARES, Objective, ParamStat
+from simulator.calibration.solve import DATA_LOSS, Objective, ParamStat
 from simulator.calibration.transfer import transfer_params
 from simulator.engine.costmodel import CostParams, link_bandwidth
 from simulator.errors import ConfigError, did_you_mean
@@ -75,7 +75,7 @@ class GpuFit:
     folder_reason: str
     dataset: str  # the data set's name, for people (DataFolder.dataset)
     stats: dict[str, ParamStat]  # fitted parameter -> standard error / bound flag
-    objective: Objective = LEAST_SQUARES
+    objective: Objective = DATA_LOSS
     notes: list[str] = field(default_factory=list)
     shared_with: tuple[str, ...] = ()  # GPUs whose data fitted SHARED_PARAMS jointly (empty: held fixed)
     residuals: Residuals | None = None  # in-sample, per-layer op sum
@@ -109,11 +109,11 @@ def load_folder(profiles: Path, name: str, target: GpuSpec | None = None) -> Fol
 
 
 def fit_gpus(profiles: str | Path, names: list[str], *, target: GpuSpec | None = None, lomo: bool = True,
-             logo: bool = True, objective: Objective = LEAST_SQUARES) -> list[GpuFit]:
+             logo: bool = True, objective: Objective = DATA_LOSS) -> list[GpuFit]:
     """Fit GPU folders. Steps:
     1. read each folder (`load_folder`);
     2. GEMM and element-wise parameters: with two or more folders, every folder's GEMMs together
-       (each GPU its own efficiencies; the tile costs and the element-wise row rates,
+       (each GPU its own efficiencies and tile costs; the tile-choice exponent and the element-wise row rates,
        SHARED_PARAMS, fitted once for all); one folder alone keeps SHARED_PARAMS at its
        profile's values (a new GPU joins the kernels' costs fitted on the others);
     3. attention: fit if measured, else derive from the GEMM fit;
@@ -144,13 +144,13 @@ def fit_gpus(profiles: str | Path, names: list[str], *, target: GpuSpec | None =
     out = []
     for d in data:
         fitted = compute[d.gpu.name]
-        fitted = (fit_attention(d.attention, d.gpu, fitted, objective) if d.attention
+        fitted = (fit_attention(d.attention, d.gpu, fitted) if d.attention
                   else derive_attention(fitted))
         params, stats = fitted.params, dict(fitted.stats)
         notes = []
         network = None
         if d.known.network and (profiles / "network" / d.known.network).is_dir():
-            network = fit_network(profiles / "network" / d.known.network, d.gpu, objective)
+            network = fit_network(profiles / "network" / d.known.network, d.gpu)  # least squares
             params = replace(params, allreduce_latency_s=network.latency_s,
                              allreduce_bus_eff=network.bus_eff)
             stats.update(network.stats)
@@ -173,13 +173,13 @@ def fit_gpus(profiles: str | Path, names: list[str], *, target: GpuSpec | None =
 
 
 def fit_gpu(profiles: str | Path, name: str, *, target: GpuSpec | None = None,
-            lomo: bool = True, objective: Objective = LEAST_SQUARES) -> GpuFit:
-    """One folder alone (`fit_gpus` with one name: the shared tile costs held at the profile's)."""
+            lomo: bool = True, objective: Objective = DATA_LOSS) -> GpuFit:
+    """One folder alone (`fit_gpus` with one name: the shared tile-choice exponent held at the profile's)."""
     return fit_gpus(profiles, [name], target=target, lomo=lomo, objective=objective)[0]
 
 
 def run_holdout(profiles: str | Path, names: list[str], what: str,
-                objective: Objective = LEAST_SQUARES) -> tuple[str, dict[str, Residuals]]:
+                objective: Objective = DATA_LOSS) -> tuple[str, dict[str, Residuals]]:
     """One held-out check, as `kvsim calibrate --holdout` runs it. Steps:
     1. read the folders;
     2. `what` names a GPU (folder or catalogue name): fit every other folder together and

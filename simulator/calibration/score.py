@@ -15,7 +15,7 @@ import numpy as np
 
 from simulator.calibration.data import ALL_OPS, ModelTimings
 from simulator.calibration.fit import fit_compute, fit_compute_joint
-from simulator.calibration.solve import LEAST_SQUARES, Objective
+from simulator.calibration.solve import DATA_LOSS, Objective
 from simulator.engine.costmodel import Chip, CostParams, op_times
 from simulator.hardware.gpus import GpuSpec
 
@@ -118,8 +118,8 @@ Folder = tuple[list[ModelTimings], GpuSpec, CostParams]  # models, GPU, base par
 
 
 def leave_one_model_out(models: list[ModelTimings], gpu: GpuSpec, base: CostParams,
-                        objective: Objective = LEAST_SQUARES) -> Residuals | None:
-    """One GPU, shared tile costs held at the base's values: for each model M, fit on the others
+                        objective: Objective = DATA_LOSS) -> Residuals | None:
+    """One GPU, shared tile-choice exponent held at the base's values: for each model M, fit on the others
     and predict M's per-layer op sum (every token and TP row). None with one model."""
     if len(models) < 2:
         return None
@@ -130,10 +130,10 @@ def leave_one_model_out(models: list[ModelTimings], gpu: GpuSpec, base: CostPara
     return Residuals.concat(parts)
 
 
-def leave_one_model_out_joint(folders: list[Folder], objective: Objective = LEAST_SQUARES,
+def leave_one_model_out_joint(folders: list[Folder], objective: Objective = DATA_LOSS,
                               only: Callable[[str, str], bool] | None = None,
                               start: dict[str, float] | None = None) -> dict[str, Residuals]:
-    """Every GPU fitted together (shared tile costs fitted too): for each GPU g and model M of g
+    """Every GPU fitted together (shared tile-choice exponent fitted too): for each GPU g and model M of g
     (with `only(gpu, model)` true), refit everything without (g, M), predict M on g. Keyed by GPU
     name; a GPU with one model has no entry. `start`: the full fit's GEMM solution (warm start)."""
     out: dict[str, list[Residuals]] = {}
@@ -151,7 +151,7 @@ def leave_one_model_out_joint(folders: list[Folder], objective: Objective = LEAS
 
 
 def leave_one_gpu_out(folders: list[Folder], transfer: Callable[[GpuSpec, dict[str, CostParams]], CostParams],
-                      objective: Objective = LEAST_SQUARES, only: str | None = None,
+                      objective: Objective = DATA_LOSS, only: str | None = None,
                       start: dict[str, float] | None = None) -> dict[str, Residuals]:
     """For each GPU g (or only the one named): fit every other GPU together, take g's parameters
     from them through `transfer(g, fitted params by GPU)` (what an extrapolated profile gets),

@@ -55,8 +55,8 @@ def measured_section(fit: GpuFit, fit_date: str) -> dict[str, Any]:
     """The `calibration:` mapping written into gpu_profiles/<gpu>.yaml for a measured GPU."""
     not_fitted = list(ASSUMED)
     if not fit.attention_measured:
-        not_fitted.insert(0, f"attn_compute_eff = {ATTN_TO_GEMM_COMPUTE} x gemm_compute_eff, "
-                             "attn_bandwidth_eff = gemm_bandwidth_eff, attn_overhead_s assumed "
+        not_fitted.insert(0, f"attn_compute_eff = {ATTN_TO_GEMM_COMPUTE} x the 128x256 GEMM tile's main-loop "
+                             "efficiency, attn_bandwidth_eff = gemm_bandwidth_eff, attn_overhead_s assumed "
                              "(no attention kernels in the data; costmodel.py docstring item 3)")
     provenance: dict[str, Any] = {
         "dataset": fit.dataset,
@@ -65,8 +65,9 @@ def measured_section(fit: GpuFit, fit_date: str) -> dict[str, Any]:
         "rows": int(sum(len(m.tokens) for m in fit.models)),
         "data_folder_to_gpu": fit.folder_reason,
         "statistic": f"{STAT} of repeated timings (ms -> s), fp16",
-        "fit": f"scipy.optimize.least_squares (trf, {fit.objective.describe()}) on log(predicted/measured), "
-               "parameters bounded by their physical ranges, all models together"
+        "fit": f"scipy.optimize.least_squares (trf) on log(predicted/measured), {fit.objective.describe()} "
+               "on the GEMM tile step, linear loss on the weight-streaming (T <= 8), element-wise and "
+               "all-reduce rows, parameters bounded by their physical ranges, all models together"
                + ("; each element-wise kind's per-GPU overhead and bandwidth efficiency partially pooled "
                   "toward the nearest other measured GPU's (calibration/pool.py)" if fit.shared_with else ""),
         "shared": (f"{', '.join(SHARED_PARAMS)} fitted jointly on the kernels of {', '.join(fit.shared_with)}"
@@ -108,7 +109,7 @@ def extrapolated_section(target: GpuSpec, fits: list[GpuFit], fit_date: str,
     """The `calibration:` mapping for a GPU without measurements. Steps:
     1. compute parameters (GEMM, element-wise, attention) from the nearest measured GPU in spec
        space (`transfer_params`), unchanged: they are fractions of the datasheet figures, so
-       they scale with this GPU's peak FLOP/s, bandwidth and SM count (the GEMM tile costs are
+       they scale with this GPU's peak FLOP/s, bandwidth and SM count (the tile-choice exponent is
        shared by every measured GPU anyway);
     2. all-reduce parameters from the nearest measured GPU whose all-reduce was *measured*
        (not derived from send_recv), applied to this GPU's link (its host link when it has no
@@ -152,7 +153,7 @@ def extrapolated_section(target: GpuSpec, fits: list[GpuFit], fit_date: str,
     if error:
         error["note"] = ("leave_one_gpu_out: each measured GPU predicted by this transfer from a fit on the "
                          "others (held out); transfer_check: this donor's parameters on the other measured "
-                         "GPUs' specs (in sample through the shared tile costs)")
+                         "GPUs' specs (in sample through the shared tile-choice exponent and row rates)")
         section["error"] = error
     return section
 

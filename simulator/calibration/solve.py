@@ -13,8 +13,8 @@ NOTE: the residuals of one fit are not independent (rows of one model share its 
 so these standard errors measure how well the data pin a parameter down *given the form*, not
 the model's error; the leave-one-model-out check (score.py) is the honest error figure.
 
-Invariants: deterministic (no RNG); the default loss "linear" is plain least squares, the
-objective the committed gpu_profiles were fitted with.
+Invariants: deterministic (no RNG); `solve`'s default loss "linear" is plain least squares; the
+committed gpu_profiles were fitted with DATA_LOSS on the GEMM tile step (calibration/fit.py).
 """
 
 from __future__ import annotations
@@ -50,6 +50,14 @@ class Objective:
 
 
 LEAST_SQUARES = Objective()
+# The committed profiles' loss on the GEMM tile step (calibration/fit.py, fit_gemm_joint step 2;
+# the other fits are least squares): soft-l1 with
+# f_scale 0.05 ~ quadratic for residuals within ~5 % (the per-model systematic scale, pool.py's
+# MODEL_SCALE), ~linear beyond, i.e. close to the mean absolute error the held-out targets use;
+# the GEMM rows where the library's tile choice jumps 20-50 % between neighbouring token counts
+# (docs/costmodel.md) then pull the tile costs less than a squared loss lets them.
+DATA_LOSS = Objective("soft_l1", 0.05)
+
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Transfer to GPUs without measurements: the nearest measured GPU in spec space is the donor of
-its fitted per-GPU efficiencies and overheads (the GEMM tile costs are shared by every measured
-GPU already), and each measured GPU's parameters applied to another measured GPU's specs give
-the measured price of that extrapolation. Leave-one-GPU-out (score.py) runs the same transfer.
+its fitted per-GPU efficiencies, overheads and SM tile costs (the tile-choice exponent and the
+element-wise row rates are shared by every measured GPU already), and each measured GPU's
+parameters applied to another measured GPU's specs give the measured price of that
+extrapolation. Leave-one-GPU-out (score.py) runs the same transfer.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def transfer_params(target: GpuSpec, fitted: dict[str, CostParams]) -> CostParam
 def transfer_errors(fits: list[Fitted]) -> dict[tuple[str, str], ErrorStats]:
     """(donor, other) -> error of the donor's parameters applied to the other measured GPU's specs:
     the measured price of extrapolating across GPUs (in sample: the donor's fit saw the other's
-    GEMMs through the shared tile costs; leave-one-GPU-out is the held-out figure)."""
+    GEMMs through the shared tile-choice exponent; leave-one-GPU-out is the held-out figure)."""
     out = {}
     for donor in fits:
         for other in fits:

@@ -26,7 +26,7 @@ profiling layout: compute/<gpu>/<org>/<model>/mlp.csv, attention.csv, network/..
 the error per operator, the leave-one-model-out and leave-one-GPU-out checks (per model and
 per token range), draws a parity plot and a residual-by-token-count plot, and writes the
 `calibration:` section of gpu_profiles/<gpu>.yaml. Without --gpu every GPU folder is fitted
-together (the GEMM tile costs are shared by all GPUs), and every catalogue GPU without
+together (the GEMM tile-choice exponent is shared by all GPUs), and every catalogue GPU without
 measurements gets parameters transferred from its nearest measured GPU (marked `status:
 extrapolated`). --holdout MODEL|GPU reruns one held-out check and prints its table."""
 
@@ -186,7 +186,7 @@ def main(args: argparse.Namespace) -> int:
         plot = residual_plot(list(held.items()), Path(args.report_dir) / "holdout_residuals.png", what)
         console.print(f"residual plot: {plot}; no profile written", highlight=False)
         return 0
-    # 1. fit every GPU first (together: shared tile costs): nothing is written unless all fits succeed
+    # 1. fit every GPU first (together: the shared tile choice): nothing is written unless all fits succeed
     fits = fit_gpus(profiles, names, target=target, lomo=not args.no_lomo, logo=not args.no_lomo)
     print_op_table(console, fits)
     print_lomo_table(console, fits)

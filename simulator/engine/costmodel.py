@@ -35,9 +35,9 @@ Per layer, per tensor-parallel shard. The operator names are those of the measur
    of peak, and feeding the tile's (bm+bn) operand elements through shared memory, r =
    gemm_feed_flop_per_byte flop-equivalents per byte (small tiles re-read operands more per
    flop, so they run below peak); k0 = gemm_tile_setup_k is each tile's prologue and epilogue
-   (pipeline fill, output store) in K-elements. r and k0 describe the kernels, not the GPU: one
-   value is fitted jointly on every measured GPU. The soft-roofline exponent p (1: memory and
-   compute do not overlap, large: max(m, c)) and the efficiencies are per GPU. MoE: the same
+   (pipeline fill, output store) in K-elements. r and k0 are the chip's (its SM tensor rate over
+   its shared-memory rate; its peak over bandwidth), fitted per GPU like the soft-roofline p (1:
+   memory and compute do not overlap, large: max(m, c)) and the efficiencies. MoE: the same
    GEMMs over the experts the T tokens are expected to touch.
 2. Element-wise ops (input_layernorm, post_attention_layernorm, attn_rope, mlp_act, add; emb once
    per step): memory-bound, one CTA per token row,
@@ -56,7 +56,8 @@ Per layer, per tensor-parallel shard. The operator names are those of the measur
        t = max(prefill, decode) + attn_overhead_s   (one varlen kernel per layer, as in vLLM v1)
    Assumptions (used unless `kvsim profile` measured attention on the GPU): attn_bandwidth_eff
    is the fitted GEMM weight-streaming efficiency (a decode reads the KV cache the way a skinny
-   GEMM reads its weights), and attn_compute_eff = ATTN_TO_GEMM_COMPUTE * gemm_compute_eff:
+   GEMM reads its weights), and attn_compute_eff = ATTN_TO_GEMM_COMPUTE * the main-loop
+   efficiency of the largest GEMM tile (calibration.fit.main_loop_eff: tensor work and feed):
    FlashAttention-2 reports 50-73 % of A100 peak in the forward pass (Dao 2023, abstract),
    mid-point ~0.62, against ~0.74 fitted for A100 GEMMs by the soft roofline -> ratio ~0.85.
 4. Tensor parallelism: two ring all-reduces of T*hidden activations per layer (after the O and
@@ -192,9 +193,9 @@ class Chip(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class CostParams:
     """GPU cost-model parameters. Efficiencies are fractions of the datasheet peak FLOP/s,
-    memory bandwidth or link bandwidth; overheads are seconds per kernel. gemm_feed_flop_per_byte
-    and gemm_tile_setup_k describe the GEMM kernels and are shared by every measured GPU
-    (module docstring, item 1). The per-step host overhead is not here: see `StepOverhead`.
+    memory bandwidth or link bandwidth; overheads are seconds per kernel. gemm_select_exp
+    describes the GEMM library's tile choice and is shared by every measured GPU (module
+    docstring, item 1). The per-step host overhead is not here: see `StepOverhead`.
 
     The defaults are assumptions for GPUs without a calibration section (reference points: one
     H200 here ran an 8192^3 bf16 GEMM at 790/989 = 0.80 of peak and a device copy at 4.3/4.8 =
@@ -205,8 +206,8 @@ class CostParams:
     gemm_compute_eff: float = 0.70
     gemm_overlap_exp: float = 1.5  # soft-roofline exponent p; a middle value until fitted
     gemm_overhead_s: float = 4e-6  # kernel launch/tail, assumption
-    gemm_feed_flop_per_byte: float = 8.0  # operand-feed cost r per byte a tile loads, shared
-    gemm_tile_setup_k: float = 50.0  # per-tile prologue + epilogue in K-elements, shared
+    gemm_feed_flop_per_byte: float = 8.0  # operand-feed cost r per byte a tile loads (per GPU)
+    gemm_tile_setup_k: float = 50.0  # per-tile prologue + epilogue in K-elements (per GPU)
     gemm_select_exp: float = 1000.0  # tile-choice weight exponent q (item 1; >= 1000: the min), shared
     norm_bandwidth_eff: float = 0.5
     norm_overhead_s: float = 5e-6
