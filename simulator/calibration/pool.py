@@ -35,6 +35,7 @@ import math
 
 import numpy as np
 
+from simulator.errors import ConfigError
 from simulator.hardware.gpus import GpuSpec
 
 # A model's rows share a systematic offset of about the in-sample per-model layer-sum error
@@ -53,10 +54,7 @@ POOL_WIDTH = {"eff": 0.15, "overhead_s": 0.3}
 
 def pool_width(param: str) -> float:
     """tau of a parameter by its name ("<gpu>:" prefix allowed)."""
-    kind = param.rpartition(":")[2]
-    if kind in POOL_WIDTH:
-        return POOL_WIDTH[kind]
-    return POOL_WIDTH["overhead_s"] if kind.endswith("_s") else POOL_WIDTH["eff"]
+    return POOL_WIDTH["overhead_s"] if param.endswith("_s") else POOL_WIDTH["eff"]
 
 
 def spec_distance(a: GpuSpec, b: GpuSpec) -> float:
@@ -66,8 +64,6 @@ def spec_distance(a: GpuSpec, b: GpuSpec) -> float:
 
 
 def nearest_donor(target: GpuSpec, measured: list[GpuSpec]) -> GpuSpec:
-    from simulator.errors import ConfigError
-
     if not measured:
         raise ConfigError("no measured GPU to transfer parameters from")
     return min(measured, key=lambda g: (spec_distance(target, g), g.name))

@@ -48,7 +48,7 @@ from simulator.engine.build import Setup, setup
 from simulator.engine.cluster import Cluster, MergedRecorder, cluster_section
 from simulator.engine.costmodel import CostModel, StepShape
 from simulator.engine.protocols import RouterContext
-from simulator.engine.replica import Replica, feed_arrivals
+from simulator.engine.replica import Replica, feed_arrivals, run_env
 from simulator.engine.routers import ROUTERS
 from simulator.errors import ConfigError
 from simulator.metrics.recorder import MetricsRecorder
@@ -488,7 +488,7 @@ def run_disaggregated(config: SimConfig, workload: RequestArrays | None = None, 
     box.append(dc)
     env = dc.env
     env.process(feed_arrivals(env, workload, dc, dc.arrivals))
-    env.run()
+    run_env(env)
     ended = dc.num_ended()
     if ended != dc.num_arrived:
         raise RuntimeError(f"P/D run ended with {dc.num_arrived - ended} of {dc.num_arrived} "

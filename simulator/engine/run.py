@@ -17,7 +17,6 @@ Same config + seed => byte-identical files: no wall clock and no global RNG reac
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import time
@@ -37,7 +36,7 @@ from simulator.engine.build import Setup, setup
 from simulator.engine.cluster import Cluster, MergedRecorder, cluster_section
 from simulator.engine.kvcache.offload import offload_summary
 from simulator.engine.protocols import RouterContext, SchedulerInterface, SchedulerStats
-from simulator.engine.replica import Replica, feed_arrivals
+from simulator.engine.replica import Replica, feed_arrivals, run_env
 from simulator.engine.routers import ROUTERS
 from simulator.engine.steptrace import StepTrace
 from simulator.metrics.recorder import MetricsRecorder
@@ -166,14 +165,7 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *,
     cluster = Cluster(replicas, router)
     env.process(feed_arrivals(env, workload, cluster, clock))
     t0 = time.perf_counter()
-    # NOTE: what exists now (modules, config, workload) outlives the run: frozen, the cyclic
-    # collector's full passes skip it (W4 80k: 0.37 -> 0.09 s of gen-2 pauses); unfrozen after,
-    # so a sweep's later collections still see it
-    gc.freeze()
-    try:
-        env.run()
-    finally:
-        gc.unfreeze()
+    run_env(env)
     wall = time.perf_counter() - t0
     if n == 1:  # the plain single-replica outputs
         merged: MetricsRecorder | MergedRecorder = recorders[0]

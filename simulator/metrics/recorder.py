@@ -96,6 +96,7 @@ _FLOATS = frozenset({"start_s", "duration_s", "kv_usage", "swap_s"})  # float64;
 _NUM_OPTIONAL = len(_OPTIONAL)
 
 _CHUNK_ROWS = 1 << 16  # steps gathered before they become typed columns
+_GAP_BATCH = 1 << 16  # token gaps buffered before they are compressed to (value, count)
 ROW_GROUP_ROWS = 1024 * 1024  # pyarrow's default row group length (DataFrame.to_parquet's)
 # a streamed run keeps its StepColumns in memory up to this many steps (~30 bytes a step), then
 # drops them and reads them back from its file at the end (StreamedSteps)
@@ -309,7 +310,7 @@ class MetricsRecorder:
         if gaps is not None:  # add_token_gaps, inlined (every step)
             self._gap_buffer.append(gaps)
             self._gap_buffered += len(gaps)
-            if self._gap_buffered >= 1 << 16:
+            if self._gap_buffered >= _GAP_BATCH:
                 self._compress_gaps()
 
     def record_many(self, columns: dict[str, np.ndarray | np.generic | None], gaps: np.ndarray,
@@ -327,7 +328,7 @@ class MetricsRecorder:
         self.num_steps += k
         if self._n >= _CHUNK_ROWS:
             self._seal()
-        limit = 1 << 16
+        limit = _GAP_BATCH
         if len(gaps) < limit - self._gap_buffered:  # no step takes the buffer to the limit
             if len(gaps):
                 self._gap_buffer.append(gaps)
@@ -461,7 +462,7 @@ class MetricsRecorder:
         # compressed in batches because np.unique per step costs more than the step's own numpy.
         self._gap_buffer.append(gaps)
         self._gap_buffered += len(gaps)
-        if self._gap_buffered >= 1 << 16:
+        if self._gap_buffered >= _GAP_BATCH:
             self._compress_gaps()
 
     def _compress_gaps(self) -> None:

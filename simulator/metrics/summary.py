@@ -449,7 +449,7 @@ def write_monitoring(out_dir, requests: pd.DataFrame, iterations: Iterations, *,
     from pathlib import Path
 
     from simulator.metrics.alerts import alerts_document
-    from simulator.metrics.steps import as_steps, release_memory
+    from simulator.metrics.steps import as_steps
     from simulator.metrics.timeseries import auto_interval, build_timeseries, sample, write_openmetrics
 
     out = Path(out_dir)

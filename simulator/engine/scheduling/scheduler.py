@@ -603,10 +603,7 @@ class Scheduler:
             self.offload.offer(rb.reqs, rb.computed[:m], n, rb.tokens[:m], rb.num_out[:m],
                                [rb.reqs[i] for i in done.nonzero()[0].tolist()], now)
         if _nnz(done):
-            free = not self.delay_free_blocks
-            for i in done.nonzero()[0].tolist():
-                finished.append(self._finish_slot(i, now, free))
-            rb.compress(~done)
+            finished = self._finish_slots(done.nonzero()[0].tolist(), now, not self.delay_free_blocks)
         rb.n[:len(rb.reqs)] = 0
         self._quiet = self._pure and not finished
         return finished
@@ -627,16 +624,8 @@ class Scheduler:
             req.first_token_s = now
         self._gaps = None
         done = [i for i, target in enumerate(cols[TARGET_OUT, at].tolist(), first) if target <= 1]
-        finished: list[Request] = []
-        if done:
-            free = not self.delay_free_blocks
-            for i in done:
-                finished.append(self._finish_slot(i, now, free))
-            keep = np.ones(m, bool)
-            keep[done] = False
-            rb.compress(keep)
         self._quiet = False
-        return finished
+        return self._finish_slots(done, now, not self.delay_free_blocks) if done else []
 
     def _commit_async(self, now: float) -> list[Request]:
         """Async: apply the output of the oldest step in flight (vLLM's update_from_output with
@@ -725,11 +714,7 @@ class Scheduler:
             if not len(gaps):
                 gaps = None
         if done is not None and _nnz(done):  # 3.
-            keep = np.ones(len(rb.reqs), bool)
-            for i in slots(done):
-                finished.append(self._finish_slot(i, now))
-                keep[i] = False
-            rb.compress(keep)
+            finished.extend(self._finish_slots(slots(done), now))
         if stale:  # 4.
             extra = []
             for req in stale:
@@ -826,13 +811,12 @@ class Scheduler:
             columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum, reqs)  # 5.
             finished = (self._finish_in_run(columns, float(starts[k]),
                                             rb.num_out[:m] >= rb.target_out[:m]) if k == left else [])
-            parts.append(RunPart(columns, gaps, reqs, finished))
-            all_starts.append(starts)
             steps += k
             t = float(starts[k])
-            if straddled or not finished or not past or not rb.m or steps >= max_steps:
+            room = self._next_part(parts, all_starts, RunPart(columns, gaps, reqs, finished), starts,
+                                   straddled or not past or steps >= max_steps)
+            if room is None:
                 break
-            room = kv.decode_room()
         if not parts:
             return None
         self._pure = True  # as the loop leaves it after the run's last step
@@ -869,8 +853,8 @@ class Scheduler:
 
     def _finish_slot(self, i: int, now: float, free: bool = True) -> Request:
         """The running request at slot i finishes at `now`: written back, FINISHED, its queue
-        told, its KV freed unless the caller keeps it (P/D's delayed free). The caller compresses
-        the running batch afterwards (one pass for all who finish in the step)."""
+        told, its KV freed unless the caller keeps it (P/D's delayed free); `_finish_slots`
+        compresses the running batch afterwards (one pass for all who finish in the step)."""
         req = self.running.write_back(i)
         req.finish_s = now
         req.status = Status.FINISHED
@@ -879,6 +863,15 @@ class Scheduler:
             self.kv.free(req)
         return req
 
+    def _finish_slots(self, slots: list[int], now: float, free: bool = True) -> list[Request]:
+        """The running requests at `slots` (ascending) finish at `now` (`_finish_slot`, in slot
+        order: their KV freed in running order), then leave the batch in one pass."""
+        finished = [self._finish_slot(i, now, free) for i in slots]
+        keep = np.ones(len(self.running.reqs), bool)
+        keep[slots] = False
+        self.running.compress(keep)
+        return finished
+
     def _finish_in_run(self, columns: dict[str, Any], now: float, done: np.ndarray) -> list[Request]:
         """A decode run's finishing step (its last, just applied): the requests at their output
         target finish as `commit` finishes them (written back, KV freed in running order, out of
@@ -886,11 +879,8 @@ class Scheduler:
         loop records them after commit."""
         rb = self.running
         m = rb.m
-        finished: list[Request] = []
         kv = self.kv
-        for i in done.nonzero()[0].tolist():  # commit's step 3, as it does it
-            finished.append(self._finish_slot(i, now))
-        rb.compress(~done)
+        finished = self._finish_slots(done.nonzero()[0].tolist(), now)  # commit's step 3, as it does it
         k = len(columns["start_s"])
         stats = kv.stats()
         left = rb.m
@@ -1021,13 +1011,12 @@ class Scheduler:
                 shape = StepShape(m, m, float(pairs_next[j]), int(kv_next[j]), m, 0,
                                   -1 if w_next is None else int(w_next[j]))
                 d_inflight = float(d_sched[j])
-            parts.append(RunPart(columns, gaps, reqs, finished))
-            all_starts.append(starts)
             turns += k
             t = float(starts[k])
-            if straddled or not finished or not past or not rb.m or turns >= max_steps:
+            room = self._next_part(parts, all_starts, RunPart(columns, gaps, reqs, finished), starts,
+                                   straddled or not past or turns >= max_steps)
+            if room is None:
                 break
-            room = kv.decode_room()
         if not parts:
             return None
         self._pure = self._quiet = not finished  # a finishing turn's schedule skipped someone
@@ -1041,6 +1030,17 @@ class Scheduler:
                                       rb.ids[:m].copy())
         nxt = Batch(shape, m, 0, m, 0, 0, None, [], [])
         return DecodeRun(delay, self._run_starts(all_starts), parts, nxt, d_inflight, True, straddled)
+
+    def _next_part(self, parts: list[RunPart], all_starts: list[np.ndarray], part: RunPart,
+                   starts: np.ndarray, ends_here: bool) -> int | None:
+        """A decode run's part (sync or async) joins the run; the free-block room for the next
+        part, or None where the run ends with this one (`ends_here`, no finish in it to go on
+        past, nobody left)."""
+        parts.append(part)
+        all_starts.append(starts)
+        if ends_here or not part.finished or not self.running.m:
+            return None
+        return self.kv.decode_room()
 
     @staticmethod
     def _run_starts(parts: list[np.ndarray]) -> np.ndarray:
