@@ -18,7 +18,9 @@ SimPy delay that lands exactly on the last step's end.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +82,15 @@ def decode_step_times(cost: CostModel, m: int, pairs: np.ndarray, kv_tokens: np.
         windows = np.broadcast_to(window_kv_tokens, kv_tokens.shape).tolist()
         return np.array([step_time(StepShape(m, m, p, k, m, 0, w))
                          for p, k, w in zip(pairs.tolist(), kv_tokens.tolist(), windows)], np.float64)
-    return cost.step_times(m, m, pairs, kv_tokens, m, 0, window_kv_tokens)
+    return cost.decode_step_times(m, pairs, kv_tokens, window_kv_tokens)
+
+
+def decode_step_fn(cost: CostModel) -> Callable[..., np.ndarray]:
+    """decode_step_times bound to `cost` (what a replica hands Scheduler.decode_run): the cost
+    model's own method where its step_time is the standard one (no wrapper on the hot path)."""
+    if type(cost).step_time is not _STEP_TIME:
+        return functools.partial(decode_step_times, cost)
+    return cost.decode_step_times
 
 
 def exact_delay(now: float, target: float) -> float | None:

@@ -860,6 +860,14 @@ class CostModel:
         step = np.maximum(cpu, gpu) + o.async_exposed_s if self.async_scheduling else cpu + gpu
         return np.where(t > 0, step, 0.0)
 
+    def decode_step_times(self, m: int, pairs: np.ndarray, kv_tokens: np.ndarray,
+                          window_kv_tokens: np.ndarray | int = -1) -> np.ndarray:
+        """step_times of pure-decode steps of m requests (StepShape(m, m, pairs[j], kv_tokens[j],
+        m, 0, window_kv_tokens[j])): an event-level decode run's durations (engine/advance.py)."""
+        if self._ext:  # (the fixed-shape path has no windowed or MLA terms)
+            return self.step_times(m, m, pairs, kv_tokens, m, 0, window_kv_tokens)
+        return self._fixed_shape_step_times(m, m, pairs, kv_tokens, m, 0)
+
     def _fixed_shape_step_times(self, t: int, s: int, pairs: np.ndarray, kv: np.ndarray, seqs: int,
                                 prefill: int) -> np.ndarray:
         """step_times when only the attention terms vary (an event-level decode run: the same

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 import simpy
 
-from simulator.engine.advance import ArrivalClock, decode_step_times
+from simulator.engine.advance import ArrivalClock, decode_step_fn
 from simulator.engine.costmodel import CostModel
 from simulator.engine.protocols import SchedulerInterface
 from simulator.engine.steptrace import StepTrace
@@ -49,6 +49,8 @@ class Replica:
         # engine.advance event: pure-decode steps advance in runs that end before clock.next_s
         # (None: step by step, the reference)
         self.clock = clock
+        # the durations of a decode run's steps (advance.decode_step_times on this cost model)
+        self._decode_step_times = decode_step_fn(cost)
         # the only replica (no router reads its state at an arrival, which only joins its queue):
         # a decode run may end with the step during which the next arrival comes
         self.solo = solo
@@ -155,10 +157,6 @@ class Replica:
             yield env.timeout(duration)
             finished = sched.commit(env.now)
             self._record(start, duration, batch, finished)
-
-    def _decode_step_times(self, m, pairs, kv_tokens, window_kv_tokens=-1):
-        """The durations of a decode run's steps (advance.decode_step_times on this cost model)."""
-        return decode_step_times(self.cost, m, pairs, kv_tokens, window_kv_tokens)
 
     def _run_ended(self, run) -> None:
         """Before a decode run's wait: the requests it finished, in step order (an arrival during

@@ -215,12 +215,18 @@ class PagedAllocator(PoolClock):
             tables[rid].append(b)
         pool.stamp_access(new, times)
 
+    _gauge_tables: tuple[np.ndarray, np.ndarray] | None = None  # decode_gauges' (used, usage) by free count
+
     def decode_gauges(self, taken: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(used_slots, usage) after each step of a run, `taken` blocks into it (cumulative),
         as stats() computes them; taken blocks are already out of the free queue."""
-        nb = self.pool.num_blocks
-        free = len(self.pool.free_queue) + int(taken[-1]) - taken
-        return (nb - 1 - free) * self.block_size, 1.0 - free / (nb - 1)
+        tables = self._gauge_tables
+        if tables is None:  # by free-block count: stats()' values, computed once
+            nb = self.pool.num_blocks
+            free = np.arange(nb, dtype=np.int64)
+            tables = self._gauge_tables = ((nb - 1 - free) * self.block_size, 1.0 - free / (nb - 1))
+        free = (len(self.pool.free_queue) + int(taken[-1])) - taken
+        return tables[0][free], tables[1][free]
 
     def stats(self) -> KVStats:
         pool = self.pool

@@ -40,7 +40,14 @@ import numpy as np
 
 from simulator.engine.advance import DecodeRun, RunPart, exact_delay
 from simulator.engine.costmodel import StepShape, window_kv_sums
-from simulator.engine.protocols import Batch, BatchingMode, KVCacheManager, QueuePolicy, SchedulerStats
+from simulator.engine.protocols import (
+    Batch,
+    BatchingMode,
+    KVCacheManager,
+    KVStats,
+    QueuePolicy,
+    SchedulerStats,
+)
 from simulator.engine.scheduling.queues.fcfs import FCFS
 from simulator.engine.scheduling.running import (
     CAPACITY,
@@ -66,6 +73,7 @@ try:  # NOTE: np.count_nonzero's C function, without its Python wrapper (~0.6 us
     from numpy._core.multiarray import count_nonzero as _nnz
 except ImportError:  # numpy < 2
     _nnz = np.count_nonzero
+_min = np.minimum.reduce  # (ndarray.min's Python wrapper costs ~0.5 us a call)
 
 
 @dataclass(slots=True)
@@ -108,6 +116,7 @@ class Scheduler:
         self.running = RunningBatch(max_num_seqs, async_scheduling)
         self._ones = self.running.ones  # sums as dot products (exact, cheaper than reductions)
         self._slots = np.arange(self.running.cols.shape[1], dtype=np.int64)  # slot numbers 0..max_num_seqs-1
+        self._layer_cols: dict[int, np.ndarray] = {}  # _layer_steps' columns
         # sync: the step's samplers, their count and its decodes (_summarise's, for commit)
         self._step_sampled: tuple[np.ndarray, int, int] | None = None
         self._prompt_first = -1  # sync: the first slot of a prompt-only step (_summarise_prompts), or -1
@@ -786,9 +795,10 @@ class Scheduler:
         steps = 0
         delay = 0.0
         straddled = False
+        carry = None  # what the last part's finishing step left: (KV stats, sum computed, sum capacity)
         while True:
             m = rb.m
-            left = int((rb.target_out[:m] - rb.num_out[:m]).min())  # steps through the next finish
+            left = int(_min(rb.target_out[:m] - rb.num_out[:m]))  # steps through the next finish
             k = min(left if finishes else left - 1, max_steps - steps)  # 2.
             if k < 1:
                 break
@@ -796,7 +806,10 @@ class Scheduler:
             if events is None:
                 break
             k, ev_i, ev_j = events
-            c_sum = int(rb.computed[:m].sum())  # 4.
+            if carry is None:
+                sums = rb.cols[COMPUTED:CAPACITY + 1, :m] @ self._ones[:m]
+                carry = (None, sums.item(0), sums.item(CAPACITY - COMPUTED))
+            c_sum = carry[1]  # 4.
             _, _, _, durations = self._decode_shapes(k, c_sum, step_times)
             starts = np.empty(k + 1)
             starts[0] = t
@@ -808,9 +821,13 @@ class Scheduler:
             k, delay, straddled = cut
             starts, durations = starts[:k + 1], durations[:k]
             reqs = list(rb.reqs)
-            columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum, reqs)  # 5.
-            finished = (self._finish_in_run(columns, float(starts[k]),
-                                            rb.num_out[:m] >= rb.target_out[:m]) if k == left else [])
+            columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum, reqs,
+                                                   carry[0], carry[2])  # 5.
+            if k == left:
+                finished, carry = self._finish_in_run(columns, float(starts[k]),
+                                                      rb.num_out[:m] >= rb.target_out[:m])
+            else:
+                finished = []
             steps += k
             t = float(starts[k])
             room = self._next_part(parts, all_starts, RunPart(columns, gaps, reqs, finished), starts,
@@ -867,16 +884,21 @@ class Scheduler:
         """The running requests at `slots` (ascending) finish at `now` (`_finish_slot`, in slot
         order: their KV freed in running order), then leave the batch in one pass."""
         finished = [self._finish_slot(i, now, free) for i in slots]
+        if len(slots) == 1:  # the common case: no mask
+            self.running.remove(slots[0])
+            return finished
         keep = np.ones(len(self.running.reqs), bool)
         keep[slots] = False
         self.running.compress(keep)
         return finished
 
-    def _finish_in_run(self, columns: dict[str, Any], now: float, done: np.ndarray) -> list[Request]:
+    def _finish_in_run(self, columns: dict[str, Any], now: float, done: np.ndarray
+                       ) -> tuple[list[Request], tuple[KVStats, int, int]]:
         """A decode run's finishing step (its last, just applied): the requests at their output
         target finish as `commit` finishes them (written back, KV freed in running order, out of
         the batch); the step's record then shows the batch and the KV after the frees, as the
-        loop records them after commit."""
+        loop records them after commit. Returns the finished requests and what the next part
+        starts from: (the KV stats, sum of computed, sum of capacity) of those left."""
         rb = self.running
         m = rb.m
         kv = self.kv
@@ -890,8 +912,9 @@ class Scheduler:
         columns["num_running"] = running
         columns["kv_used_slots"][-1] = stats.used_slots
         columns["kv_usage"][-1] = stats.usage
-        columns["kv_tokens_stored"][-1] = stats.used_slots - int(
-            (rb.capacity[:left] - rb.computed[:left]).sum())
+        sums = rb.cols[COMPUTED:CAPACITY + 1, :left] @ self._ones[:left]
+        c_left, cap_left = sums.item(0), sums.item(CAPACITY - COMPUTED)
+        columns["kv_tokens_stored"][-1] = stats.used_slots - (cap_left - c_left)
         for name, value in (("prefix_queries_total", stats.prefix_queries),
                             ("prefix_hits_total", stats.prefix_hits),
                             ("evictions_total", stats.num_evictions),
@@ -901,7 +924,7 @@ class Scheduler:
                 col = np.full(k, before)
                 col[-1] = value
                 columns[name] = col
-        return finished
+        return finished, (stats, c_left, cap_left)
 
     def _decode_run_async(self, now: float, until_s: float, step_times: Callable[..., np.ndarray],
                           max_steps: int, inflight_s: float | None, straddle: bool
@@ -999,7 +1022,7 @@ class Scheduler:
                 rb.tokens[:m][done] -= 1
                 rb.num_out[:m][done] -= 1
                 rb.ph[:m][done] = 0
-                finished = self._finish_in_run(columns, float(starts[k]), done)
+                finished = self._finish_in_run(columns, float(starts[k]), done)[0]
                 if m_next:
                     shape = StepShape(m_next, m_next, float(pair_skip[0]), kv_skip, m_next, 0, w_skip)
                     d_inflight = float(d_skip[0])
@@ -1100,34 +1123,40 @@ class Scheduler:
         bs = self.kv.block_size
         j0 = rb.capacity[:m] - rb.computed[:m]  # the first step at which each request needs a block
         h = k if horizon is None else horizon
-        # blocks in steps 0..h-1: ceil((h - j0) / bs) where j0 < h, else 0 (j0 >= 0)
-        cnt = (h + bs - 1) - j0
-        np.maximum(cnt, 0, out=cnt)
-        cnt //= bs
-        total = int(cnt.sum())
-        if not total:
+        # request i takes a block at steps j0 + q bs < h, q = 0, 1, ... (j0 >= 0): layer q of an
+        # (L, m) grid, L the layers below the largest horizon; keys j m + i, sorted, are the
+        # (step, slot) order
+        layers = self._layer_steps(-(-(k if horizon is None else int(h.max())) // bs), bs)
+        steps = j0 + layers
+        key = steps * m
+        key += self._slots[:m]
+        key = key[steps < h]
+        if not len(key):
             return k, _NO_EVENTS, _NO_EVENTS
-        ends = cnt.cumsum()
-        ev_i = self._slots[:m].repeat(cnt)
-        ev_j = j0.repeat(cnt)
-        ev_j += (np.arange(total) - (ends - cnt).repeat(cnt)) * bs
-        # (step, slot) order: one sort of unique keys
-        key = ev_j * m
-        key += ev_i
         key.sort()
         ev_j, ev_i = np.divmod(key, m)
-        if total > room:
+        if len(key) > room:
             k = int(ev_j[room])
             if k < 1:
                 return None
         return k, ev_i, ev_j
 
+    def _layer_steps(self, num_layers: int, bs: int) -> np.ndarray:
+        """The column (0, bs, 2 bs, ...) of num_layers steps (`_decode_block_events`' grid rows),
+        kept per size."""
+        col = self._layer_cols.get(num_layers)
+        if col is None:
+            col = self._layer_cols[num_layers] = np.arange(0, num_layers * bs, bs, dtype=np.int64)[:, None]
+        return col
+
     def _apply_decode_run(self, k: int, starts: np.ndarray, durations: np.ndarray, ev_i: np.ndarray,
-                          ev_j: np.ndarray, c_sum: int, reqs: list[Request]
+                          ev_j: np.ndarray, c_sum: int, reqs: list[Request],
+                          stats: KVStats | None = None, cap0: int | None = None
                           ) -> tuple[dict[str, Any], np.ndarray]:
         """decode_run's step 5 (sync and async): the blocks popped in order, the counters advanced
         by k, the token gaps; returns the k records as columns (constant ones as numpy scalars:
-        the recorder keeps one value for the k steps) and the gaps. `reqs`: the running batch.
+        the recorder keeps one value for the k steps) and the gaps. `reqs`: the running batch;
+        `stats`, `cap0`: the KV stats and the capacity sum now, where the caller has them.
         NOTE: the KV gauges in closed form: each block a step takes adds block_size used slots
         and block_size capacity, so used - capacity (hence the stored tokens less the computed)
         is the same on all k steps."""
@@ -1136,8 +1165,10 @@ class Scheduler:
         kv = self.kv
         bs = kv.block_size
         n_ev = int(ev_j.searchsorted(k)) if len(ev_j) else 0
-        stats = kv.stats()
-        cap0 = int(rb.capacity[:m].sum())
+        if stats is None:  # (else the KV stats and capacity sum as the last finish left them)
+            stats = kv.stats()
+        if cap0 is None:
+            cap0 = int(rb.capacity[:m].sum())
         if n_ev:
             ev_i, ev_j = ev_i[:n_ev], ev_j[:n_ev]
             kv.take_decode_blocks(rb.ids[ev_i].tolist(), starts[ev_j])
