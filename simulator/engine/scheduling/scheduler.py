@@ -779,8 +779,8 @@ class Scheduler:
             # all) decodes again
             if (self.kv_holding or m > self.max_num_batched_tokens
                     or (len(self.queue) and not self._head_waits(m))
-                    or np.count_nonzero(rb.tokens[:m] - rb.computed[:m] == 1) < m
-                    or np.count_nonzero(rb.num_out[:m]) < m):
+                    or _nnz(rb.tokens[:m] - rb.computed[:m] == 1) < m
+                    or _nnz(rb.num_out[:m]) < m):
                 return None
         room = kv.decode_room()
         if room is None:
