@@ -270,6 +270,22 @@ def test_decode_step_times_equal_step_time(model, gpu, tp):
         assert got.tolist() == want
 
 
+def test_decode_step_times_table_equals_step_time():
+    """A run's steps (one int64 array as pairs and KV entries, C + m (j + 1)): once a batch size
+    has been asked often enough the durations come from a per-size table, element for element
+    step_time's; entries beyond the table grow it."""
+    cost = CostModel(get_model("llama-2-7b"), get_gpu("a100-80gb"), 1)
+    for m in (3, 40):
+        for ask in range(80):
+            first = 1000 * ask + m
+            kv = np.arange(first, first + m * 30, m, dtype=np.int64)
+            got = cost.decode_step_times(m, kv, kv)
+            assert got.tolist() == [cost.step_time(StepShape(m, m, float(e), int(e), m, 0)) for e in kv]
+        far = np.arange(10**6, 10**6 + m * 5, m, dtype=np.int64)  # beyond the table: it grows
+        assert cost.decode_step_times(m, far, far).tolist() == [
+            cost.step_time(StepShape(m, m, float(e), int(e), m, 0)) for e in far]
+
+
 def test_exact_delay_lands_on_the_target():
     rng = np.random.default_rng(1)
     for now, d in zip(rng.uniform(0, 1e5, 2000), rng.uniform(1e-4, 10, 2000)):

@@ -157,6 +157,10 @@ GEMM_TILES = ((16, 64, 1), (16, 64, 4), (32, 128, 1),
               (64, 64, 1), (64, 64, 2), (64, 64, 4), (64, 128, 1), (64, 128, 2), (64, 128, 4),
               (128, 64, 1), (128, 128, 1), (128, 128, 2), (128, 256, 1), (256, 128, 1))
 SPLIT_K_PARTIAL_BYTES = 4  # split-K partial sums are fp32, written by the GEMM, read by the reduction
+# decode_step_times' tables (one per batch size): built on a size's 64th ask, <= 16 MB each, 64 MB in all
+_TABLE_AFTER = 64
+_TABLE_ENTRIES = 1 << 21
+_TABLE_BUDGET = 1 << 23
 
 
 class StepShape(NamedTuple):
@@ -761,6 +765,9 @@ class CostModel:
         self._num_rows = len(n)
         # per step shape (t, s, seqs, prefill): _fixed_shape_step_times' scalars from these tables
         self._fixed_consts: dict[tuple[int, int, int, int], tuple] = {}
+        # per batch size m: decode_step_times' durations by KV entries, and how often m was asked
+        self._decode_tables: dict[int, np.ndarray] = {}
+        self._decode_asks: dict[int, int] = {}
 
     # --- one step ------------------------------------------------------------------------
     def step_time(self, shape: StepShape) -> float:
@@ -866,7 +873,33 @@ class CostModel:
         m, 0, window_kv_tokens[j])): an event-level decode run's durations (engine/advance.py)."""
         if self._ext:  # (the fixed-shape path has no windowed or MLA terms)
             return self.step_times(m, m, pairs, kv_tokens, m, 0, window_kv_tokens)
+        if pairs is kv_tokens and pairs.dtype == np.int64:  # a run's steps: C + m (j + 1), rising
+            table = self._decode_tables.get(m)
+            top = pairs.item(-1)
+            if table is not None and top < len(table):
+                return table[pairs]
+            table = self._decode_table(m, top)
+            if table is not None:
+                return table[pairs]
         return self._fixed_shape_step_times(m, m, pairs, kv_tokens, m, 0)
+
+    def _decode_table(self, m: int, top: int) -> np.ndarray | None:
+        """decode_step_times' table for batch size m, covering KV entries 0..top (or None): the
+        fixed-shape durations of every entry count, element for element what the arrays would
+        give. Built once m has been asked for _TABLE_AFTER times (a short run builds none),
+        doubled as needed, within _TABLE_ENTRIES entries for one m and _TABLE_BUDGET for all."""
+        asks = self._decode_asks.get(m, 0) + 1
+        self._decode_asks[m] = asks
+        if asks < _TABLE_AFTER:
+            return None
+        old = self._decode_tables.get(m)
+        size = max(2 * (top + 1), 2 * len(old) if old is not None else 1 << 12)
+        held = sum(map(len, self._decode_tables.values())) - (len(old) if old is not None else 0)
+        if size > _TABLE_ENTRIES or held + size > _TABLE_BUDGET:
+            return None
+        entries = np.arange(size, dtype=np.float64)
+        table = self._decode_tables[m] = self._fixed_shape_step_times(m, m, entries, entries, m, 0)
+        return table
 
     def _fixed_shape_step_times(self, t: int, s: int, pairs: np.ndarray, kv: np.ndarray, seqs: int,
                                 prefill: int) -> np.ndarray:

@@ -1080,9 +1080,9 @@ class Scheduler:
         rb = self.running
         m = rb.m
         # NOTE: a pure decode step's attention pairs equal its KV entries (C + m (j + 1)); exact
-        # integers, so one float array serves as both
+        # integers, so one array serves as both (the cost model reads it by entry count)
         first = c_sum + m
-        pairs = np.arange(first, first + m * k, m, dtype=np.float64)[:k]
+        pairs = np.arange(first, first + m * k, m, dtype=np.int64)[:k]
         if not self.window_tokens:
             return pairs, pairs, None, step_times(m, pairs, pairs)
         window = window_kv_sums(rb.computed[:m], np.arange(1, k + 1, dtype=np.int64), self.window_tokens)
