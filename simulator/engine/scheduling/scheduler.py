@@ -73,7 +73,11 @@ try:  # NOTE: np.count_nonzero's C function, without its Python wrapper (~0.6 us
     from numpy._core.multiarray import count_nonzero as _nnz
 except ImportError:  # numpy < 2
     _nnz = np.count_nonzero
-_min = np.minimum.reduce  # (ndarray.min's Python wrapper costs ~0.5 us a call)
+# (ndarray.min / sum / np.cumsum through their Python wrappers cost ~0.5-3 us a call; the same
+# reductions, integer or float, straight from the ufuncs)
+_min = np.minimum.reduce
+_sum = np.add.reduce
+_accumulate = np.add.accumulate
 
 
 @dataclass(slots=True)
@@ -972,9 +976,9 @@ class Scheduler:
         while True:
             m = rb.m
             left = rb.target_out[:m] - rb.num_out[:m]
-            q = int(left.min())  # 2. turns before the finishing one
+            q = int(_min(left))  # 2. turns before the finishing one
             survivors = left > q
-            m_next = int(np.count_nonzero(survivors))
+            m_next = _nnz(survivors)
             # the last ones leaving: the finishing turn's schedule is empty (nothing left to run)
             finishes = past if not m_next else past or self.max_num_batched_tokens > m
             k = min(q + 1 if finishes else q, max_steps - turns)
@@ -985,7 +989,7 @@ class Scheduler:
                 break
             k, ev_i, ev_j = events
             c0 = rb.computed[:m]
-            c_sum = int(c0.sum())  # 4.
+            c_sum = int(_sum(c0))  # 4.
             n_pure = min(k, q)
             if n_pure:
                 pairs_next, kv_next, w_next, d_next = self._decode_shapes(n_pure, c_sum, step_times)
@@ -993,7 +997,7 @@ class Scheduler:
                 d_sched = np.concatenate((d_next[:n_pure], [0.0])) if n_pure else np.zeros(1)
             elif k > q:  # the finishing turn schedules those left (their computed then: c + q)
                 c_left = c0[survivors] + q
-                kv_skip = int(c_left.sum()) + m_next
+                kv_skip = int(_sum(c_left)) + m_next
                 w_skip = (-1 if not self.window_tokens else
                           int(window_kv_sums(c_left, np.ones(1, np.int64), self.window_tokens)[0]))
                 pair_skip = np.array([float(kv_skip)])
@@ -1095,7 +1099,7 @@ class Scheduler:
         (the next arrival), or, when it is one of the first `straddle` steps, at the step that
         ends strictly after it; that end is reachable by one exact SimPy delay: (k, delay,
         whether the last step straddles the arrival), or None when no step is left."""
-        np.cumsum(starts, out=starts)
+        _accumulate(starts, out=starts)  # (np.cumsum's sums, without its ~3 us of wrappers)
         k_arr = int(starts[1:].searchsorted(until_s, side="left"))
         straddled = False
         if k_arr < k:
@@ -1168,7 +1172,7 @@ class Scheduler:
         if stats is None:  # (else the KV stats and capacity sum as the last finish left them)
             stats = kv.stats()
         if cap0 is None:
-            cap0 = int(rb.capacity[:m].sum())
+            cap0 = int(_sum(rb.capacity[:m]))
         if n_ev:
             ev_i, ev_j = ev_i[:n_ev], ev_j[:n_ev]
             kv.take_decode_blocks(rb.ids[ev_i].tolist(), starts[ev_j])
