@@ -257,6 +257,40 @@ def test_one_replica_runs_take_the_step_an_arrival_comes_in(mode):
     assert counts["loop"] <= 1.3 * counts["finished"], counts
 
 
+@pytest.mark.parametrize("mode", [
+    ["engine.enable_chunked_prefill=false", "engine.max_num_batched_tokens=4096",
+     "workload.arrival.rate=1.0"],  # W1-like, sync
+    ["engine.async_scheduling=true", "engine.max_num_batched_tokens=512", "workload.arrival.rate=1.0"],
+    # a small pool: runs stop where the free queue runs out, preemptions free blocks
+    ["engine.enable_chunked_prefill=false", "engine.max_num_batched_tokens=4096",
+     "engine.num_gpu_blocks_override=300",
+     "workload.arrival.rate=20"],
+])
+def test_decode_runs_take_the_same_block_ids(mode, monkeypatch):
+    """The blocks every request holds when it frees them (finish or preemption), in order,
+    are the same block ids in the same order step by step and in decode runs (the outputs do
+    not show block ids without prefix caching: this is the check that runs pop the free queue
+    in the loop's order)."""
+    from simulator.engine.kvcache.paged import PagedAllocator
+
+    overrides = [*mode, "engine.enable_prefix_caching=false", "workload.num_requests=60",
+                 "model=llama-2-7b", "gpu=a100-80gb"]
+    original = PagedAllocator.free
+    freed: list[tuple[int, tuple[int, ...]]] = []
+
+    def recording(self, req):
+        freed.append((req.req_id, tuple(self.req_to_blocks.get(req.req_id, ()))))
+        original(self, req)
+    monkeypatch.setattr(PagedAllocator, "free", recording)
+    by_mode = {}
+    for advance in ("step", "event"):
+        freed.clear()
+        run(build_config(None, [*overrides, f"engine.advance={advance}"]), keep_iterations=False)
+        by_mode[advance] = list(freed)
+    assert len(by_mode["step"]) >= 60 and sum(map(len, (b for _, b in by_mode["step"]))) > 60
+    assert by_mode["event"] == by_mode["step"]
+
+
 @pytest.mark.parametrize("model,gpu,tp", [("llama-2-7b", "a100-80gb", 1), ("llama-2-7b", "h100-sxm", 2)])
 def test_decode_step_times_equal_step_time(model, gpu, tp):
     cost = CostModel(get_model(model), get_gpu(gpu), tp)
