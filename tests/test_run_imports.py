@@ -137,3 +137,13 @@ def test_read_numeric_csv_leaves_other_files_to_pandas(tmp_path, text):
     p.write_bytes(text.encode())
     assert read_numeric_csv(p) is None
 
+
+
+@pytest.mark.parametrize("strings", [["finished", "", "rejected", ""], ["", ""], ["a"], ["é ✓", "x"],
+                                     ["a\0b", "c"], [""]])
+def test_arrow_array_of_strings_is_pa_array(strings):
+    v = np.empty(len(strings), object)
+    v[:] = strings
+    ours = arrow_array(v)
+    assert ours.validate(full=True) is None
+    assert ours.equals(pa.array(strings, type=pa.large_string()))

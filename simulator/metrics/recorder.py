@@ -647,14 +647,14 @@ class MetricsRecorder:
             cols[name] = (_widen([c[name] for c in chunks], dt) if chunks else np.zeros(0, dt))[order]
         for col in ("first_scheduled_s", "first_token_s", "finish_s"):
             cols[col][cols[col] < 0] = np.nan
-        lists = {name: [v for c in chunks for v in c[name]] for name in ("status", "reject_reason",
-                                                                          "tenant", "tier")}
-        take = order.tolist()
-        for attr in ("status", "reject_reason", "tenant", "tier"):
-            values = [lists[attr][i] for i in take]
-            if attr in ("status", "reject_reason") or any(values):  # tenant, tier: when set
-                col = np.empty(len(values), object)
-                col[:] = values
+        for attr in ("status", "reject_reason", "tenant", "tier"):  # str columns, as object arrays
+            col = np.empty(len(order), object)
+            pos = 0
+            for c in chunks:
+                col[pos:pos + len(c[attr])] = c[attr]
+                pos += len(c[attr])
+            col = col[order]
+            if attr in ("status", "reject_reason") or any(col.tolist()):  # tenant, tier: when set
                 cols[attr] = col
         return Table(cols)
 

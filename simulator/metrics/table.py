@@ -80,10 +80,14 @@ def _arrow_columns(columns: dict[str, np.ndarray]):
             kind = str(v.dtype)
             meta.append({"name": name, "field_name": name, "pandas_type": kind, "numpy_type": kind,
                          "metadata": None})
-        elif v.dtype == object and all(type(x) is str for x in v.tolist()):
-            # (None or other objects: pandas infers another dtype than its str)
+        elif v.dtype == object:
+            try:
+                arrays.append(arrow_array(v))
+            except TypeError:  # None or other objects: pandas infers another dtype than str
+                return None
             meta.append({"name": name, "field_name": name, "pandas_type": "object",
                          "numpy_type": "str", "metadata": None})
+            continue
         else:
             return None
         arrays.append(arrow_array(v))

@@ -17,11 +17,21 @@ def arrow_array(values: np.ndarray, *, from_pandas: bool = True):
 
     n = len(values)
     if values.dtype == object:
-        encoded = [v.encode() for v in values.tolist()]
+        strings = values.tolist()
+        joined = "\0".join(strings)  # (a TypeError unless every value is a str)
         offsets = np.zeros(n + 1, np.int64)
-        np.cumsum(np.fromiter(map(len, encoded), np.int64, n), out=offsets[1:])
+        if n and joined.isascii() and joined.count("\0") == n - 1:
+            # ASCII without NULs: the strings' ends are where the NULs are, no Python per string
+            raw = np.frombuffer(joined.encode("ascii"), np.uint8)
+            offsets[1:n] = np.flatnonzero(raw == 0) + 1 - np.arange(1, n)
+            offsets[n] = len(raw) - (n - 1)
+            data = "".join(strings).encode("ascii")
+        else:
+            encoded = [v.encode() for v in strings]
+            np.cumsum(np.fromiter(map(len, encoded), np.int64, n), out=offsets[1:])
+            data = b"".join(encoded)
         return pa.Array.from_buffers(pa.large_string(), n, [None, pa.py_buffer(offsets),
-                                                            pa.py_buffer(b"".join(encoded))])
+                                                            pa.py_buffer(data)])
     if values.dtype not in (np.int64, np.float64):
         return pa.array(values, from_pandas=from_pandas)
     data = np.ascontiguousarray(values)
