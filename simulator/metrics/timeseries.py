@@ -93,6 +93,22 @@ def gauge(iterations: Iterations, column: str) -> StepFunction:
     return StepFunction(steps.ends, steps.f64(column))
 
 
+def _gauge_at(steps: StepColumns, column: str, t: np.ndarray) -> np.ndarray:
+    """gauge(steps, column).at(t), the steps read at the times first: no float64 column of the
+    steps' length (a coded column's codes looked up there, an integer one converted there)."""
+    idx = np.searchsorted(steps.ends, t, side="right") - 1
+    if not len(steps):
+        return np.where(idx >= 0, 0.0, 0.0).astype(np.float64)
+    take = np.maximum(idx, 0)
+    coded = steps.sort_key(column)
+    if coded is not None:
+        codes, table = coded
+        picked = table[codes[take]]
+    else:
+        picked = steps[column][take]
+    return np.where(idx >= 0, picked.astype(np.float64, copy=False), 0.0).astype(np.float64)
+
+
 def time_weighted(fn: StepFunction, t0: float, t1: float) -> dict[str, float | None]:
     """Time-weighted mean and p95 over [t0, t1] (p95: the smallest value the gauge is at or
     below for >= 95 % of the time), and the largest value ever recorded (max)."""
@@ -214,15 +230,48 @@ def integral(fn: StepFunction, t0: float, t1: float) -> float:
 
 
 # --- counters ----------------------------------------------------------------------------------
+_BLOCK = 1 << 20  # events summed (or compared) at a time by _counter and _is_sorted
+
+
+def _is_sorted(times: np.ndarray) -> bool:
+    """times[1:] >= times[:-1] everywhere, a block at a time (no temporary of the events' size)."""
+    for lo in range(0, len(times) - 1, _BLOCK):
+        hi = min(lo + _BLOCK, len(times) - 1)
+        if not (times[lo + 1:hi + 1] >= times[lo:hi]).all():
+            return False
+    return True
+
+
 def _counter(times: np.ndarray, increments: np.ndarray, grid: np.ndarray) -> np.ndarray:
     """The running total of `increments` (any numeric or bool dtype: summed as float64 in time
-    order, one after the other) at each grid time."""
-    if len(times) > 1 and not (times[1:] >= times[:-1]).all():  # step ends are sorted already
+    order, one after the other) at each grid time.
+    NOTE: the running total (cum[i]: the first i increments) is made a block at a time, each
+    block's cumulative sum starting from the last total (np.cumsum adds one after the other:
+    the same floats as one np.cumsum over all of them), and only read where the grid needs it:
+    no float64 array of the events' size (a long run's per-step counters: 8 bytes a step)."""
+    if len(times) > 1 and not _is_sorted(times):  # step ends are sorted already
         order = np.argsort(times, kind="stable")
         times, increments = times[order], increments[order]
-    cum = np.zeros(len(increments) + 1)
-    np.cumsum(increments, dtype=np.float64, out=cum[1:])
-    return cum[np.searchsorted(times, grid, side="right")]
+    pos = np.searchsorted(times, grid, side="right")  # cum[pos]: the total at each grid time
+    if not _is_sorted(pos):  # a grid out of order (not sample's): the whole running total
+        cum = np.zeros(len(increments) + 1)
+        np.cumsum(increments, dtype=np.float64, out=cum[1:])
+        return cum[pos]
+    out = np.zeros(len(grid))  # cum[0] = 0.0
+    n = len(increments)
+    buf = np.empty(min(n, _BLOCK) + 1)
+    buf[0] = 0.0
+    first = int(np.searchsorted(pos, 0, side="right"))  # grid points before any event: 0.0
+    for lo in range(0, n, _BLOCK):
+        hi = min(lo + _BLOCK, n)
+        part = buf[:hi - lo + 1]
+        part[1:] = increments[lo:hi]
+        np.cumsum(part, out=part)  # part[j] = cum[lo + j]
+        last = int(np.searchsorted(pos, hi, side="right"))  # grid points reading cum[lo + 1 .. hi]
+        out[first:last] = part[pos[first:last] - lo]
+        first = last
+        buf[0] = part[-1]  # cum[hi], the next block's start
+    return out
 
 
 def _count(times: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -248,10 +297,23 @@ def _bucket_counts(times: np.ndarray, values: np.ndarray, bounds: tuple[float, .
     edges = np.asarray(bounds, dtype=np.float64)
     width = len(edges) + 1  # bucket j <=> value <= bounds[j]; past the last (or NaN): +Inf
     hist = np.zeros((len(grid) + 1) * width, np.int64)
+    ordered = _is_sorted(pos)  # (a grid in time order, as sample's)
+    lut = None  # integer values: each value's bucket looked up (the searchsorted of them all)
+    if values.dtype.kind in "iu" and len(values):
+        vmin, vmax = int(values.min()), int(values.max())
+        if vmax - vmin < _BLOCK:
+            lut = np.searchsorted(edges, np.arange(vmin, vmax + 1), side="left")
     for lo in range(0, int(pos[-1]) if len(pos) else 0, _EVENT_BLOCK):
         hi = min(lo + _EVENT_BLOCK, int(pos[-1]))
-        first = np.searchsorted(pos, np.arange(lo, hi), side="right")  # first grid point counting it
-        bucket = np.searchsorted(edges, values[lo:hi], side="left")
+        if ordered:  # first grid point counting event e: #{pos <= e}, counted up from lo
+            a, b = (int(x) for x in np.searchsorted(pos, [lo, hi - 1], side="right"))
+            first = np.cumsum(np.bincount(pos[a:b] - lo, minlength=hi - lo)) + a
+        else:
+            first = np.searchsorted(pos, np.arange(lo, hi), side="right")
+        if lut is not None:
+            bucket = lut[values[lo:hi].astype(np.int64) - vmin]
+        else:
+            bucket = np.searchsorted(edges, values[lo:hi], side="left")
         hist += np.bincount(first * width + bucket, minlength=len(hist))
     counts = np.cumsum(np.cumsum(hist.reshape(len(grid) + 1, width), axis=0), axis=1)[:-1]
     return [counts[:, j].astype(np.float64) for j in range(width)]
@@ -395,7 +457,7 @@ def sample(requests: Requests, iterations: Iterations, interval_s: float = 1.0) 
     iterations = as_steps(iterations)
     _, t1 = run_window(requests, iterations)
     g = grid(t1, interval_s)
-    gauges = {name: gauge(iterations, col).at(g) for name, (col, _) in GAUGES.items()}
+    gauges = {name: _gauge_at(iterations, col, g) for name, (col, _) in GAUGES.items()}
     counters = {name: _counter(times, inc, g)
                 for name, (times, inc) in _counter_events(requests, iterations)}
     histograms = {}
