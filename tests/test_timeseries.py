@@ -106,3 +106,89 @@ def test_promtool_imports_the_export(fixed_step, tmp_path):  # noqa: F811
     num_series = 9 + (22 + 3) + 2 * (21 + 3) + (13 + 3)
     row = [line for line in out.stdout.splitlines() if line[:1].isalnum() and "BLOCK" not in line]
     assert row and row[0].split()[-4:-1] == [str(5 * num_series), str(num_series), str(num_series)]
+
+
+def _counter_reference(times, increments, grid):
+    """_counter as one whole-length cumulative sum (its definition)."""
+    if len(times) > 1 and not (times[1:] >= times[:-1]).all():
+        order = np.argsort(times, kind="stable")
+        times, increments = times[order], increments[order]
+    cum = np.zeros(len(increments) + 1)
+    np.cumsum(increments, dtype=np.float64, out=cum[1:])
+    return cum[np.searchsorted(times, grid, side="right")]
+
+
+@pytest.mark.parametrize("block", [1, 3, 64, 1 << 20])
+@pytest.mark.parametrize("kind", ["int16", "float", "bool", "unsorted", "empty", "late"])
+def test_counter_by_blocks_is_one_cumulative_sum(monkeypatch, block, kind):
+    """The running total made a block at a time gives the bits of one np.cumsum over it all."""
+    from simulator.metrics import timeseries as ts
+
+    monkeypatch.setattr(ts, "_BLOCK", block)
+    rng = np.random.default_rng(block)
+    n = 0 if kind == "empty" else 500
+    times = np.sort(rng.random(n) * 50) + (30 if kind == "late" else 0)
+    inc = {"int16": rng.integers(0, 300, n).astype(np.int16), "bool": rng.random(n) < 0.3}.get(
+        kind, rng.random(n) * 1e3)
+    if kind == "unsorted":
+        times = rng.random(n) * 50
+    grid = np.arange(0, 81, 0.5)
+    for g in (grid, grid[::-1]):
+        got, want = ts._counter(times, inc, g), _counter_reference(times, inc, g)
+        assert got.dtype == want.dtype and np.array_equal(got.view(np.int64), want.view(np.int64))
+
+
+def test_gauge_at_is_gauge_at():
+    """sample's gauges read at the grid first: the values gauge(...).at(grid) gives."""
+    from simulator.metrics.steps import StepColumns
+    from simulator.metrics.timeseries import _gauge_at, gauge
+
+    rng = np.random.default_rng(5)
+    ends = np.sort(rng.random(300) * 40) + 1
+    table = np.array([0.0, 0.125, 0.5, 0.75])
+    steps = StepColumns(ends, {"num_running": rng.integers(0, 9, 300).astype(np.int8)},
+                        {"kv_usage": (rng.integers(0, 4, 300).astype(np.uint16), table)})
+    grid = np.arange(0, 45, 0.25)
+    for col in ("num_running", "kv_usage"):
+        got, want = _gauge_at(steps, col, grid), gauge(steps, col).at(grid)
+        assert got.dtype == want.dtype == np.float64 and np.array_equal(got, want)
+    empty = StepColumns(np.zeros(0), {"num_running": np.zeros(0)})
+    assert np.array_equal(_gauge_at(empty, "num_running", grid), gauge(empty, "num_running").at(grid))
+
+
+def _bucket_counts_reference(times, values, bounds, grid):
+    """_bucket_counts by one binary search per event (its first version)."""
+    if len(times) > 1 and not (times[1:] >= times[:-1]).all():
+        order = np.argsort(times, kind="stable")
+        times, values = times[order], values[order]
+    pos = np.searchsorted(times, grid, side="right")
+    edges = np.asarray(bounds, dtype=np.float64)
+    width = len(edges) + 1
+    hist = np.zeros((len(grid) + 1) * width, np.int64)
+    if len(pos) and pos[-1]:
+        first = np.searchsorted(pos, np.arange(int(pos[-1])), side="right")
+        bucket = np.searchsorted(edges, values[:int(pos[-1])], side="left")
+        hist += np.bincount(first * width + bucket, minlength=len(hist))
+    counts = np.cumsum(np.cumsum(hist.reshape(len(grid) + 1, width), axis=0), axis=1)[:-1]
+    return [counts[:, j].astype(np.float64) for j in range(width)]
+
+
+@pytest.mark.parametrize("block", [7, 1 << 20])
+@pytest.mark.parametrize("kind", ["int16", "negative", "float", "nan", "unsorted"])
+def test_bucket_counts_is_one_search_per_event(monkeypatch, block, kind):
+    from simulator.metrics import timeseries as ts
+
+    monkeypatch.setattr(ts, "_EVENT_BLOCK", block)
+    rng = np.random.default_rng(block)
+    n = 400
+    times = rng.random(n) * 30 if kind == "unsorted" else np.sort(rng.random(n) * 30)
+    values = {"int16": rng.integers(0, 300, n).astype(np.int16),
+              "negative": rng.integers(-50, 50, n)}.get(kind, rng.random(n) * 3)
+    if kind == "nan":
+        values[::7] = np.nan
+    bounds = (1, 8, 16, 32, 64, 128) if kind in ("int16", "negative") else (0.1, 0.5, 1.0, 2.5)
+    grid = np.arange(0, 35, 0.5)
+    for g in (grid, grid[::-1]):
+        got = ts._bucket_counts(times, values, bounds, g)
+        want = _bucket_counts_reference(times, values, bounds, g)
+        assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))

@@ -15,6 +15,11 @@ from simulator import __version__
 from simulator.cli.common import Parser
 from simulator.errors import ConfigError, did_you_mean
 
+# NOTE: pydantic looks for its plug-ins (entry points of every installed distribution: ~50 ms
+# of a run's start-up in a large environment) when the first config model is built; the
+# command line uses none. Set by the user (e.g. to a plug-in list), it is left as it is.
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+
 # command -> one line for `kvsim --help`, in the order a new user needs them
 COMMANDS = {
     "run": "simulate serving a workload: latency, throughput, KV-cache use",

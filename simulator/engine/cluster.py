@@ -18,10 +18,9 @@ load imbalance (max / mean routed requests).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from simulator.config.sections import ClusterConfig
 from simulator.engine.protocols import KVCacheView, Router
@@ -32,6 +31,9 @@ from simulator.metrics.recorder import MetricsRecorder
 from simulator.metrics.steps import StepColumns, as_steps
 from simulator.metrics.summary import summarize
 from simulator.workload.request import Request, Status
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +151,8 @@ class MergedRecorder:
         self._iters: pd.DataFrame | None = None
 
     def requests_frame(self) -> pd.DataFrame:
+        import pandas as pd  # NOTE: here: a one-replica run needs no pandas (metrics/table.py)
+
         frames = []
         for i, rec in enumerate(self.recorders):
             df = rec.requests_frame().copy()
@@ -162,6 +166,8 @@ class MergedRecorder:
         totals as of that step end (each replica's last value, 0 before its first step)."""
         if self._iters is not None:
             return self._iters
+        import pandas as pd
+
         frames = []
         for i, rec in enumerate(self.recorders):
             df = rec.iterations_frame()

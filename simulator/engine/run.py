@@ -23,10 +23,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import simpy
 import yaml
 
@@ -42,8 +41,12 @@ from simulator.engine.steptrace import StepTrace
 from simulator.metrics.recorder import MetricsRecorder
 from simulator.metrics.steps import StepColumns
 from simulator.metrics.summary import clean_floats, summarize, write_monitoring
+from simulator.metrics.table import Table
 from simulator.workload.generators import RequestArrays
 from simulator.workload.load import generate
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["Result", "Setup", "add_engine_sections", "run", "run_config_summary", "setup"]
 
@@ -52,12 +55,22 @@ __all__ = ["Result", "Setup", "add_engine_sections", "run", "run_config_summary"
 class Result:
     setup: Setup
     summary: dict[str, Any]
-    requests: pd.DataFrame
+    # the requests table as the run made it: one replica's numpy columns (no pandas needed to
+    # write the run directory), a cluster's DataFrame; `requests` is it as a DataFrame
+    table: Table | pd.DataFrame
     recorder: MetricsRecorder | MergedRecorder = field(repr=False)  # the run's tables
     wall_s: float = field(default=0.0)  # informational only, never written to outputs
     # one replica's scheduler in its final state, for inspection (None for several replicas)
     scheduler: SchedulerInterface | None = field(default=None, repr=False)
     _iterations: pd.DataFrame | None = field(default=None, repr=False)
+    _requests: pd.DataFrame | None = field(default=None, repr=False)
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        """The requests table (one row per request, in req_id order) as a DataFrame."""
+        if self._requests is None:
+            self._requests = self.table.to_pandas() if isinstance(self.table, Table) else self.table
+        return self._requests
 
     @property
     def iterations(self) -> pd.DataFrame:
@@ -83,8 +96,11 @@ class Result:
         (out / "summary.json").write_text(
             json.dumps(clean_floats(self.summary), indent=2, sort_keys=True) + "\n")
         (out / "config.yaml").write_text(yaml.safe_dump(self.setup.resolved_dict(), sort_keys=True))
-        self.requests.to_parquet(out / "requests.parquet", index=False)
-        write_monitoring(out, self.requests, self.steps, alerts=self.setup.config.alerts,
+        if isinstance(self.table, Table):  # the bytes DataFrame.to_parquet writes (table.py)
+            self.table.to_parquet(out / "requests.parquet")
+        else:
+            self.table.to_parquet(out / "requests.parquet", index=False)
+        write_monitoring(out, self.table, self.steps, alerts=self.setup.config.alerts,
                          interval_s=interval_s, labels={"model_name": self.setup.model.name})
         # NOTE: last: a short run's iterations.parquet may still be being written (recorder.finish)
         target = out / "iterations.parquet"
@@ -179,7 +195,8 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *,
     else:
         # NOTE: no engine sections (evictions, swap) for clusters yet, as before the one loop
         summary["cluster"] = cluster_section(s.cluster, cluster, recorders, config)
-    return Result(s, summary, merged.requests_frame(), merged, wall, schedulers[0] if n == 1 else None)
+    table = recorders[0].requests_table() if n == 1 else merged.requests_frame()
+    return Result(s, summary, table, merged, wall, schedulers[0] if n == 1 else None)
 
 
 def add_engine_sections(summary: dict[str, Any], stats: SchedulerStats) -> None:

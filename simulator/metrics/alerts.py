@@ -27,12 +27,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from simulator.config.sections import DEFAULT_RULES, RULE_KEYS, SIGNALS, AlertsConfig  # noqa: F401 (re-exported)
 from simulator.errors import ConfigError
 from simulator.metrics.steps import as_steps
-from simulator.metrics.timeseries import Iterations, StepFunction, gauge, run_window
+from simulator.metrics.table import column
+from simulator.metrics.timeseries import Iterations, Requests, StepFunction, gauge, run_window
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,14 +83,15 @@ def resolve_rules(spec: AlertsConfig | dict[str, Any] | None) -> list[AlertRule]
             for name, r in alerts.items() if r.enabled]
 
 
-def preemption_rate(requests: pd.DataFrame, iterations: Iterations, window_s: float) -> StepFunction:
+def preemption_rate(requests: Requests, iterations: Iterations, window_s: float) -> StepFunction:
     """preemptions / (preemptions + finishes) in (t - window_s, t], exact: the ratio only changes
     when an event enters the window (its time) or leaves it (its time + window_s)."""
     steps = as_steps(iterations)
     preempted = steps["num_preempted"]
     keep = np.flatnonzero(preempted > 0)
     p_t, p_inc = steps.ends[keep], preempted[keep].astype(np.float64)
-    f_t = np.sort(requests.finish_s[requests.status == "finished"].to_numpy(np.float64))
+    f_t = np.sort(column(requests, "finish_s")[column(requests, "status") == "finished"]
+                  .astype(np.float64, copy=False))
     p_cum = np.concatenate([[0.0], np.cumsum(p_inc)])
     change = np.unique(np.concatenate([p_t, p_t + window_s, f_t, f_t + window_s]))
 
@@ -107,7 +108,7 @@ def preemption_rate(requests: pd.DataFrame, iterations: Iterations, window_s: fl
     return StepFunction(change, rate)
 
 
-def signal(name: str, requests: pd.DataFrame, iterations: Iterations,
+def signal(name: str, requests: Requests, iterations: Iterations,
            window_s: float = 10.0) -> StepFunction:
     if name == "kv_usage":
         return gauge(iterations, "kv_usage")
@@ -193,7 +194,7 @@ def firings(rule: AlertRule, fn: StepFunction, t0: float, t1: float) -> list[Fir
     return out
 
 
-def evaluate(rules: list[AlertRule], requests: pd.DataFrame,
+def evaluate(rules: list[AlertRule], requests: Requests,
              iterations: Iterations) -> list[Firing]:
     """Every firing of every rule over the run window, ordered by rule then start time.
     NOTE: kept in the steps' memo for the same rules and requests frame (the summary's alerts

@@ -27,9 +27,9 @@ import operator
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from simulator.metrics.steps import (
     DERIVED_COLUMNS,
@@ -40,7 +40,12 @@ from simulator.metrics.steps import (
     release_arrow_memory,
     release_memory,
 )
+from simulator.metrics.table import Table, arrow_schema
+from simulator.workload.arrowio import arrow_array
 from simulator.workload.request import Request
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ITER_COLUMNS = ("start_s", "duration_s", "num_seqs", "num_tokens", "prefill_tokens",
                 "decode_tokens", "num_preempted", "num_admitted", "num_running", "num_waiting",
@@ -209,11 +214,11 @@ class IterationsWriter:
         columns = {c: _widen([t[c] for t in taken], np.float64 if c in _FLOATS else np.int64)
                    for c in names}
         if self._writer is None:
-            empty = pd.DataFrame({c: np.zeros(0, v.dtype) for c, v in columns.items()})
-            self._schema = pa.Table.from_pandas(empty, preserve_index=False).schema
+            # NOTE: the schema Table.from_pandas gives these columns, made without pandas
+            self._schema = arrow_schema(columns)
             self._writer = pq.ParquetWriter(self.path, self._schema, compression="snappy")
-        self._writer.write_table(pa.Table.from_arrays([pa.array(v) for v in columns.values()],
-                                                      schema=self._schema))
+        self._writer.write_table(pa.Table.from_arrays(
+            [arrow_array(v, from_pandas=False) for v in columns.values()], schema=self._schema))
         self.num_rows += n
         release_memory(self.num_rows)  # the group's columns, freed
 
@@ -252,6 +257,8 @@ class IterationsWriter:
             self._writer = None
             release_arrow_memory()
         elif not self.num_rows:
+            import pandas as pd
+
             pd.DataFrame({c: np.asarray(()) for c in ITER_COLUMNS}).to_parquet(self.path, index=False)
 
 
@@ -294,7 +301,8 @@ class MetricsRecorder:
         self._req_chunks: list[dict[str, np.ndarray | list]] = []
         self.num_ended = 0  # requests finished or rejected so far
         self._done = False
-        self._requests: pd.DataFrame | None = None
+        self._requests: Table | None = None
+        self._frame: pd.DataFrame | None = None
 
     # --- appending ------------------------------------------------------------------------
     def record(self, step: StepRecord) -> None:
@@ -597,6 +605,8 @@ class MetricsRecorder:
     def iterations_frame(self) -> pd.DataFrame:
         """The iterations table (int64 / float64 columns): read back from the streamed file,
         or built from the compact chunks kept in memory."""
+        import pandas as pd
+
         self.finish()
         if self._writer is not None:
             return pd.read_parquet(self.iterations_file())
@@ -609,6 +619,12 @@ class MetricsRecorder:
                              for c in self._full[0]})
 
     def requests_frame(self) -> pd.DataFrame:
+        """One row per ended request, in req_id order, as a DataFrame (requests_table's)."""
+        if self._frame is None:
+            self._frame = self.requests_table().to_pandas()
+        return self._frame
+
+    def requests_table(self) -> Table:
         """One row per ended request, in req_id order (built once, at the end of the run)."""
         self.finish()
         if self._requests is None:
@@ -616,7 +632,7 @@ class MetricsRecorder:
             self._req_chunks = []  # the table holds them now (a million requests: ~0.1 GB)
         return self._requests
 
-    def _requests_table(self) -> pd.DataFrame:
+    def _requests_table(self) -> Table:
         chunks = self._req_chunks
         names = ("req_id", "arrival_s", "prompt_tokens", "output_tokens", "priority",
                  "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions",
@@ -625,23 +641,22 @@ class MetricsRecorder:
             order = np.argsort(np.concatenate([c["req_id"] for c in chunks]), kind="stable")
         else:
             order = np.zeros(0, np.intp)
-        cols: dict[str, np.ndarray | list] = {}
+        cols: dict[str, np.ndarray] = {}
         for name in names:
             dt = np.float64 if name.endswith("_s") else np.int64
             cols[name] = (_widen([c[name] for c in chunks], dt) if chunks else np.zeros(0, dt))[order]
-        lists = {name: [v for c in chunks for v in c[name]] for name in ("status", "reject_reason",
-                                                                          "tenant", "tier")}
-        take = order.tolist()
-        cols["status"] = [lists["status"][i] for i in take]
-        cols["reject_reason"] = [lists["reject_reason"][i] for i in take]
-        df = pd.DataFrame(cols)
         for col in ("first_scheduled_s", "first_token_s", "finish_s"):
-            df.loc[df[col] < 0, col] = np.nan
-        for attr in ("tenant", "tier"):  # only when the workload sets them
-            values = [lists[attr][i] for i in take]
-            if any(values):
-                df[attr] = values
-        return df
+            cols[col][cols[col] < 0] = np.nan
+        for attr in ("status", "reject_reason", "tenant", "tier"):  # str columns, as object arrays
+            col = np.empty(len(order), object)
+            pos = 0
+            for c in chunks:
+                col[pos:pos + len(c[attr])] = c[attr]
+                pos += len(c[attr])
+            col = col[order]
+            if attr in ("status", "reject_reason") or any(col.tolist()):  # tenant, tier: when set
+                cols[attr] = col
+        return Table(cols)
 
     def token_gaps(self, *, release: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(sorted gap values, how many gaps had each value); `release` drops the recorder's

@@ -14,9 +14,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+from simulator.workload.arrowio import numpy_column
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # what the summary, time series, OpenMetrics and alerts read (decode_tokens only without
 # num_sampled; the optional ones when present)
@@ -117,7 +122,7 @@ class StreamedSteps(StepColumns):
         with pq.ParquetFile(self._path()) as f:
             pos = 0
             for i in range(f.metadata.num_row_groups):
-                part = f.read_row_group(i, columns=[name]).column(0).to_numpy()
+                part = numpy_column(f.read_row_group(i, columns=[name]).column(0))
                 col[pos:pos + len(part)] = part if table is None else np.searchsorted(table, part)
                 pos += len(part)
         release_arrow_memory()
@@ -142,8 +147,8 @@ def read_ends_and_durations(path: Path) -> tuple[np.ndarray, np.ndarray]:
         for i in range(f.metadata.num_row_groups):
             group = f.read_row_group(i, columns=["start_s", "duration_s"])
             k = group.num_rows
-            durations[pos:pos + k] = group.column(1).to_numpy()
-            np.add(group.column(0).to_numpy(), durations[pos:pos + k], out=ends[pos:pos + k])
+            durations[pos:pos + k] = numpy_column(group.column(1))
+            np.add(numpy_column(group.column(0)), durations[pos:pos + k], out=ends[pos:pos + k])
             pos += k
     release_arrow_memory()
     return ends, durations

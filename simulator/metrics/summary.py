@@ -17,16 +17,24 @@ directory's parquet files reproduce every gauge, alert and plot.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from simulator.config.sections import SloConfig
 from simulator.metrics.alerts import evaluate, resolve_rules, summarize_alerts
 from simulator.metrics.recorder import MetricsRecorder
 from simulator.metrics.steps import StepColumns, release_memory
-from simulator.metrics.timeseries import Iterations, run_window, segment_lengths, weighted_stats, with_initial
+from simulator.metrics.table import column, write_parquet
+from simulator.metrics.timeseries import (
+    Iterations,
+    Requests,
+    run_window,
+    segment_lengths,
+    weighted_stats,
+    with_initial,
+)
 
 SCHEMA_VERSION = 3
 PCTS = (50, 90, 99)
@@ -107,7 +115,8 @@ def summarize(recorder: MetricsRecorder, num_arrived: int, *, slo: dict | None =
     itl = _weighted_stats(gv, gc)
     del gv, gc
     busy = recorder.busy_s()
-    reqs = recorder.requests_frame()
+    # NOTE: one replica's table as numpy columns (no pandas in a run); a cluster's DataFrame
+    reqs = recorder.requests_table() if isinstance(recorder, MetricsRecorder) else recorder.requests_frame()
     iters = recorder.step_columns()
     release_memory(len(iters))  # the token gaps' parts, freed
     targets = resolve_slo(slo)
@@ -118,51 +127,58 @@ def summarize(recorder: MetricsRecorder, num_arrived: int, *, slo: dict | None =
     def rate(x: float) -> float:
         return x / makespan if makespan > 0 else 0.0
 
-    # 1. what the requests give (their frames dropped before the per-step columns are read)
-    done = reqs[reqs.status == "finished"]
-    rejected = reqs[reqs.status == "rejected"]
-    multi = done[done.output_tokens > 1]
-    ttft = (done.first_token_s - done.arrival_s).to_numpy()
-    tpot_all = ((done.finish_s - done.first_token_s)
-                / np.maximum(done.output_tokens - 1, 1)).to_numpy()
-    met = np.ones(len(done), bool)
+    # 1. what the requests give (their columns dropped before the per-step columns are read)
+    status = column(reqs, "status")
+    fin = status == "finished"
+    done = _Done(reqs, fin)
+    num_done = len(done)
+    out = done["output_tokens"]
+    ttft = done["first_token_s"] - done["arrival_s"]
+    tpot_all = (done["finish_s"] - done["first_token_s"]) / np.maximum(out - 1, 1)
+    met = np.ones(num_done, bool)
     if targets.ttft_s is not None:
         met &= ttft <= targets.ttft_s
     if targets.tpot_s is not None:
-        met &= (done.output_tokens.to_numpy() <= 1) | (tpot_all <= targets.tpot_s)
+        met &= (out <= 1) | (tpot_all <= targets.tpot_s)
     num_met = int(met.sum())
     del tpot_all, met
 
-    total_preempt = int(reqs.num_preemptions.sum())
+    total_preempt = int(column(reqs, "num_preemptions").sum())
+    rejected = status == "rejected"
+    # NOTE: as pandas' value_counts: missing reasons (None, NaN) are not counted
+    reasons = Counter(r for r in column(reqs, "reject_reason")[rejected].tolist()
+                      if r is not None and r == r)
+    preempted = int((done["num_preemptions"] > 0).sum())
     requests = {
         "arrived": int(num_arrived),
-        "finished": int(len(done)),
-        "rejected": int(len(rejected)),
-        "rejected_by_reason": {k: int(v) for k, v in
-                               sorted(rejected.reject_reason.value_counts().items())},
-        "preempted_at_least_once": int((done.num_preemptions > 0).sum()),
+        "finished": int(num_done),
+        "rejected": int(rejected.sum()),
+        "rejected_by_reason": {k: int(v) for k, v in sorted(reasons.items())},
+        "preempted_at_least_once": preempted,
     }
+    del status, rejected, reasons
     throughput = {
-        "requests_per_s": rate(len(done)),
-        "input_tokens_per_s": rate(float(done.prompt_tokens.sum())),
-        "output_tokens_per_s": rate(float(done.output_tokens.sum())),
+        "requests_per_s": rate(num_done),
+        "input_tokens_per_s": rate(float(done["prompt_tokens"].sum())),
+        "output_tokens_per_s": rate(float(out.sum())),
     }
+    multi = out > 1
     latency = {
         "ttft": _stats(ttft),
-        "tpot": _stats(((multi.finish_s - multi.first_token_s) / (multi.output_tokens - 1)).to_numpy()),
+        "tpot": _stats((done["finish_s"][multi] - done["first_token_s"][multi]) / (out[multi] - 1)),
         "itl": itl,
-        "e2e": _stats((done.finish_s - done.arrival_s).to_numpy()),
-        "queue": _stats((done.first_scheduled_s - done.arrival_s).to_numpy()),
+        "e2e": _stats(done["finish_s"] - done["arrival_s"]),
+        "queue": _stats(done["first_scheduled_s"] - done["arrival_s"]),
     }
     preemptions = {
         "total": total_preempt,
         "per_s": rate(float(total_preempt)),
-        "requests_share": _ratio(float((done.num_preemptions > 0).sum()), len(done)),
-        "rate": _ratio(total_preempt, total_preempt + len(done)),
+        "requests_share": _ratio(float(preempted), num_done),
+        "rate": _ratio(total_preempt, total_preempt + num_done),
     }
     prefix = _prefix_section(iters, done)
-    groups = _groups_section(done)
-    del done, rejected, multi, ttft
+    groups = _groups_section(reqs, fin)
+    del done, fin, multi, ttft, out
     # 2. what the steps give, one column at a time
     batch = {
         "num_iterations": int(len(iters)),
@@ -202,26 +218,59 @@ def summarize(recorder: MetricsRecorder, num_arrived: int, *, slo: dict | None =
     }
 
 
-def _groups_section(done: pd.DataFrame) -> dict[str, Any] | None:
+class _Done:
+    """The finished requests' columns (rows of `fin`), each taken once when first read."""
+
+    def __init__(self, reqs: Requests, fin: np.ndarray) -> None:
+        self.reqs, self.fin = reqs, fin
+        self.cols: dict[str, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return int(self.fin.sum())
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        col = self.cols.get(name)
+        if col is None:
+            col = self.cols[name] = column(self.reqs, name)[self.fin]
+        return col
+
+
+def _group_keys(values: np.ndarray) -> list:
+    """The distinct values of a column, sorted, missing ones (None, NaN) left out: the groups
+    of pandas' groupby(sort=True), in their order."""
+    if values.dtype != object:
+        keys = np.unique(values)
+        return keys[~np.isnan(keys)].tolist() if keys.dtype.kind == "f" else keys.tolist()
+    return sorted({v for v in values.tolist() if v is not None and v == v})
+
+
+def _groups_section(reqs: Requests, fin: np.ndarray) -> dict[str, Any] | None:
     """Latency and preemptions per tier (else per priority, else per tenant) when the run has
     more than one: the starvation view of a scheduling policy (queue wait max and p99)."""
     for key in ("tier", "priority", "tenant"):
-        if key in done and done[key].nunique() > 1:
-            break
+        if key in reqs:
+            values = column(reqs, key)[fin]
+            keys = _group_keys(values)
+            if len(keys) > 1:
+                break
     else:
         return None
+    done = _Done(reqs, fin)
     groups = {}
-    for value, g in done.groupby(key, sort=True):
-        multi = g[g.output_tokens > 1]
+    for value in keys:
+        g = values == value
+        finish, first = done["finish_s"][g], done["first_token_s"][g]
+        arrival, out = done["arrival_s"][g], done["output_tokens"][g]
+        preempted = done["num_preemptions"][g]
+        multi = out > 1
         groups[str(value)] = {
-            "finished": int(len(g)),
-            "ttft_s": _stats((g.first_token_s - g.arrival_s).to_numpy()),
-            "tpot_s": _stats(((multi.finish_s - multi.first_token_s)
-                              / (multi.output_tokens - 1)).to_numpy()),
-            "e2e_s": _stats((g.finish_s - g.arrival_s).to_numpy()),
-            "queue_s": _stats((g.first_scheduled_s - g.arrival_s).to_numpy()),
-            "preemptions": int(g.num_preemptions.sum()),
-            "preempted_share": _ratio(float((g.num_preemptions > 0).sum()), len(g)),
+            "finished": int(g.sum()),
+            "ttft_s": _stats(first - arrival),
+            "tpot_s": _stats((finish[multi] - first[multi]) / (out[multi] - 1)),
+            "e2e_s": _stats(finish - arrival),
+            "queue_s": _stats(done["first_scheduled_s"][g] - arrival),
+            "preemptions": int(preempted.sum()),
+            "preempted_share": _ratio(float((preempted > 0).sum()), int(g.sum())),
         }
     return {"key": key, "groups": groups}
 
@@ -289,7 +338,7 @@ def _kv_section(total_slots: int, gauges: _Gauges) -> dict[str, Any]:
             "usage_max": usage["max"], "used_slots_mean": used["mean"]}
 
 
-def _prefix_section(iters: Iterations, done: pd.DataFrame) -> dict[str, Any]:
+def _prefix_section(iters: Iterations, done: _Done) -> dict[str, Any]:
     """vLLM's counters (every lookup, retries of a request that did not fit included) and the
     per-request view: tokens found when each finished request was first admitted."""
     if "prefix_cache_queries" not in iters or "prefix_cache_hits" not in iters:
@@ -297,9 +346,9 @@ def _prefix_section(iters: Iterations, done: pd.DataFrame) -> dict[str, Any]:
                 "prefill_tokens_saved": None}
     q = int(iters["prefix_cache_queries"].astype(np.int64).sum())
     h = int(iters["prefix_cache_hits"].astype(np.int64).sum())
-    saved = int(done.num_cached_tokens.clip(lower=0).sum())
+    saved = int(np.maximum(done["num_cached_tokens"], 0).sum())
     return {"queries": q, "hits": h, "hit_rate": _ratio(h, q),
-            "request_hit_rate": _ratio(saved, int(done.prompt_tokens.sum())),
+            "request_hit_rate": _ratio(saved, int(done["prompt_tokens"].sum())),
             "prefill_tokens_saved": saved}
 
 
@@ -439,7 +488,7 @@ def aggregate_seeds(seeds: list[int], summaries: list[dict[str, Any]]) -> dict[s
 MONITORING_FILES = ("timeseries.parquet", "openmetrics.txt", "alerts.json")
 
 
-def write_monitoring(out_dir, requests: pd.DataFrame, iterations: Iterations, *,
+def write_monitoring(out_dir, requests: Requests, iterations: Iterations, *,
                      alerts: dict | None = None, interval_s: float | None = None,
                      labels: dict[str, str] | None = None) -> None:
     """Write MONITORING_FILES: the sampled gauges/counters (vLLM names), the same as
@@ -450,7 +499,7 @@ def write_monitoring(out_dir, requests: pd.DataFrame, iterations: Iterations, *,
 
     from simulator.metrics.alerts import alerts_document
     from simulator.metrics.steps import as_steps
-    from simulator.metrics.timeseries import auto_interval, build_timeseries, sample, write_openmetrics
+    from simulator.metrics.timeseries import auto_interval, sample, timeseries_columns, write_openmetrics
 
     out = Path(out_dir)
     steps = as_steps(iterations)
@@ -459,7 +508,8 @@ def write_monitoring(out_dir, requests: pd.DataFrame, iterations: Iterations, *,
         interval_s = auto_interval(run_window(requests, steps)[1])
     rules = resolve_rules(alerts)
     samples = sample(requests, steps, interval_s)  # one pass over the steps for both files
-    build_timeseries(requests, samples=samples).to_parquet(out / "timeseries.parquet", index=False)
+    # NOTE: the bytes build_timeseries(...).to_parquet(index=False) writes, without pandas
+    write_parquet(out / "timeseries.parquet", timeseries_columns(samples))
     write_openmetrics(out / "openmetrics.txt", requests, None, interval_s=interval_s,
                       labels=labels, samples=samples)
     del samples

@@ -22,12 +22,17 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from simulator.errors import ConfigError
 from simulator.metrics.steps import StepColumns, as_steps
+from simulator.metrics.table import column
+
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 # vLLM's histogram buckets (vllm/v1/metrics/loggers.py); kept verbatim so that dashboards built
 # for vLLM (histogram_quantile over these buckets) read simulated runs the same way.
@@ -59,7 +64,8 @@ class StepFunction:
         return edges[:-1], np.diff(edges), values
 
 
-Iterations = pd.DataFrame | StepColumns  # an iterations table, or its compact columns (steps.py)
+Iterations = "pd.DataFrame | StepColumns"  # an iterations table, or its compact columns (steps.py)
+Requests = "pd.DataFrame | Table"  # a requests table (metrics/table.py: a run's, without pandas)
 
 
 def step_ends(iterations: Iterations) -> np.ndarray:
@@ -67,14 +73,15 @@ def step_ends(iterations: Iterations) -> np.ndarray:
     return as_steps(iterations).ends
 
 
-def run_window(requests: pd.DataFrame, iterations: Iterations) -> tuple[float, float]:
+def run_window(requests: Requests, iterations: Iterations) -> tuple[float, float]:
     """[first arrival, max(last step end, last arrival)]: the span every rate and time-weighted
     mean is taken over (the last step end is also the last finish)."""
     if not len(requests):
         ends = step_ends(iterations)
         return (0.0, float(ends[-1])) if len(ends) else (0.0, 0.0)
-    t0 = float(requests.arrival_s.min())
-    t1 = float(requests.arrival_s.max())
+    arrival = column(requests, "arrival_s")
+    t0 = float(arrival.min())
+    t1 = float(arrival.max())
     ends = step_ends(iterations)
     if len(ends):
         t1 = max(t1, float(ends[-1]))
@@ -84,6 +91,22 @@ def run_window(requests: pd.DataFrame, iterations: Iterations) -> tuple[float, f
 def gauge(iterations: Iterations, column: str) -> StepFunction:
     steps = as_steps(iterations)
     return StepFunction(steps.ends, steps.f64(column))
+
+
+def _gauge_at(steps: StepColumns, column: str, t: np.ndarray) -> np.ndarray:
+    """gauge(steps, column).at(t), the steps read at the times first: no float64 column of the
+    steps' length (a coded column's codes looked up there, an integer one converted there)."""
+    idx = np.searchsorted(steps.ends, t, side="right") - 1
+    if not len(steps):
+        return np.where(idx >= 0, 0.0, 0.0).astype(np.float64)
+    take = np.maximum(idx, 0)
+    coded = steps.sort_key(column)
+    if coded is not None:
+        codes, table = coded
+        picked = table[codes[take]]
+    else:
+        picked = steps[column][take]
+    return np.where(idx >= 0, picked.astype(np.float64, copy=False), 0.0).astype(np.float64)
 
 
 def time_weighted(fn: StepFunction, t0: float, t1: float) -> dict[str, float | None]:
@@ -207,15 +230,48 @@ def integral(fn: StepFunction, t0: float, t1: float) -> float:
 
 
 # --- counters ----------------------------------------------------------------------------------
+_BLOCK = 1 << 20  # events summed (or compared) at a time by _counter and _is_sorted
+
+
+def _is_sorted(times: np.ndarray) -> bool:
+    """times[1:] >= times[:-1] everywhere, a block at a time (no temporary of the events' size)."""
+    for lo in range(0, len(times) - 1, _BLOCK):
+        hi = min(lo + _BLOCK, len(times) - 1)
+        if not (times[lo + 1:hi + 1] >= times[lo:hi]).all():
+            return False
+    return True
+
+
 def _counter(times: np.ndarray, increments: np.ndarray, grid: np.ndarray) -> np.ndarray:
     """The running total of `increments` (any numeric or bool dtype: summed as float64 in time
-    order, one after the other) at each grid time."""
-    if len(times) > 1 and not (times[1:] >= times[:-1]).all():  # step ends are sorted already
+    order, one after the other) at each grid time.
+    NOTE: the running total (cum[i]: the first i increments) is made a block at a time, each
+    block's cumulative sum starting from the last total (np.cumsum adds one after the other:
+    the same floats as one np.cumsum over all of them), and only read where the grid needs it:
+    no float64 array of the events' size (a long run's per-step counters: 8 bytes a step)."""
+    if len(times) > 1 and not _is_sorted(times):  # step ends are sorted already
         order = np.argsort(times, kind="stable")
         times, increments = times[order], increments[order]
-    cum = np.zeros(len(increments) + 1)
-    np.cumsum(increments, dtype=np.float64, out=cum[1:])
-    return cum[np.searchsorted(times, grid, side="right")]
+    pos = np.searchsorted(times, grid, side="right")  # cum[pos]: the total at each grid time
+    if not _is_sorted(pos):  # a grid out of order (not sample's): the whole running total
+        cum = np.zeros(len(increments) + 1)
+        np.cumsum(increments, dtype=np.float64, out=cum[1:])
+        return cum[pos]
+    out = np.zeros(len(grid))  # cum[0] = 0.0
+    n = len(increments)
+    buf = np.empty(min(n, _BLOCK) + 1)
+    buf[0] = 0.0
+    first = int(np.searchsorted(pos, 0, side="right"))  # grid points before any event: 0.0
+    for lo in range(0, n, _BLOCK):
+        hi = min(lo + _BLOCK, n)
+        part = buf[:hi - lo + 1]
+        part[1:] = increments[lo:hi]
+        np.cumsum(part, out=part)  # part[j] = cum[lo + j]
+        last = int(np.searchsorted(pos, hi, side="right"))  # grid points reading cum[lo + 1 .. hi]
+        out[first:last] = part[pos[first:last] - lo]
+        first = last
+        buf[0] = part[-1]  # cum[hi], the next block's start
+    return out
 
 
 def _count(times: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -241,16 +297,29 @@ def _bucket_counts(times: np.ndarray, values: np.ndarray, bounds: tuple[float, .
     edges = np.asarray(bounds, dtype=np.float64)
     width = len(edges) + 1  # bucket j <=> value <= bounds[j]; past the last (or NaN): +Inf
     hist = np.zeros((len(grid) + 1) * width, np.int64)
+    ordered = _is_sorted(pos)  # (a grid in time order, as sample's)
+    lut = None  # integer values: each value's bucket looked up (the searchsorted of them all)
+    if values.dtype.kind in "iu" and len(values):
+        vmin, vmax = int(values.min()), int(values.max())
+        if vmax - vmin < _BLOCK:
+            lut = np.searchsorted(edges, np.arange(vmin, vmax + 1), side="left")
     for lo in range(0, int(pos[-1]) if len(pos) else 0, _EVENT_BLOCK):
         hi = min(lo + _EVENT_BLOCK, int(pos[-1]))
-        first = np.searchsorted(pos, np.arange(lo, hi), side="right")  # first grid point counting it
-        bucket = np.searchsorted(edges, values[lo:hi], side="left")
+        if ordered:  # first grid point counting event e: #{pos <= e}, counted up from lo
+            a, b = (int(x) for x in np.searchsorted(pos, [lo, hi - 1], side="right"))
+            first = np.cumsum(np.bincount(pos[a:b] - lo, minlength=hi - lo)) + a
+        else:
+            first = np.searchsorted(pos, np.arange(lo, hi), side="right")
+        if lut is not None:
+            bucket = lut[values[lo:hi].astype(np.int64) - vmin]
+        else:
+            bucket = np.searchsorted(edges, values[lo:hi], side="left")
         hist += np.bincount(first * width + bucket, minlength=len(hist))
     counts = np.cumsum(np.cumsum(hist.reshape(len(grid) + 1, width), axis=0), axis=1)[:-1]
     return [counts[:, j].astype(np.float64) for j in range(width)]
 
 
-def generation_token_events(requests: pd.DataFrame, iterations: Iterations) -> tuple[np.ndarray,
+def generation_token_events(requests: Requests, iterations: Iterations) -> tuple[np.ndarray,
                                                                                    np.ndarray]:
     """(times, counts) of sampled output tokens. Exact with a `num_sampled` iteration column;
     without it, decode tokens + first tokens per step, which misses the token a preempted
@@ -259,7 +328,7 @@ def generation_token_events(requests: pd.DataFrame, iterations: Iterations) -> t
     ends = steps.ends
     if "num_sampled" in steps:
         return ends, steps.f64("num_sampled")
-    first = requests.first_token_s.to_numpy(np.float64)
+    first = column(requests, "first_token_s").astype(np.float64, copy=False)
     first = first[np.isfinite(first)]
     return (np.concatenate([ends, first]),
             np.concatenate([steps.f64("decode_tokens"), np.ones(len(first))]))
@@ -329,20 +398,22 @@ def check_interval(interval_s: float) -> None:
                           f"milliseconds), got {interval_s!r}")
 
 
-def _counter_events(requests: pd.DataFrame, iterations: StepColumns):
+def _counter_events(requests: Requests, iterations: StepColumns):
     """(name, (times, increments)) per counter, one at a time (only one counter's columns are
     alive at once); per-step increments are the compact columns as they are (_counter sums
     them as float64)."""
     ends = iterations.ends
     yield "vllm:num_preemptions", (ends, iterations["num_preempted"])
-    started = requests[np.isfinite(requests.first_token_s)]
-    yield "vllm:prompt_tokens", (started.first_token_s.to_numpy(np.float64),
-                                 started.prompt_tokens.to_numpy(np.float64))
-    del started
+    first = column(requests, "first_token_s").astype(np.float64, copy=False)
+    started = np.isfinite(first)
+    yield "vllm:prompt_tokens", (first[started],
+                                 column(requests, "prompt_tokens")[started].astype(np.float64))
+    del first, started
     yield "vllm:generation_tokens", ((ends, iterations["num_sampled"]) if "num_sampled" in iterations
                                      else generation_token_events(requests, iterations))
-    done = requests[requests.status == "finished"]
-    yield "vllm:request_success", (done.finish_s.to_numpy(np.float64), np.ones(len(done)))
+    done = column(requests, "status") == "finished"
+    yield "vllm:request_success", (column(requests, "finish_s")[done].astype(np.float64),
+                                   np.ones(int(done.sum())))
     del done
     for name, col in (("vllm:prefix_cache_queries", "prefix_cache_queries"),
                       ("vllm:prefix_cache_hits", "prefix_cache_hits")):
@@ -350,20 +421,20 @@ def _counter_events(requests: pd.DataFrame, iterations: StepColumns):
             yield name, (ends, iterations[col])
 
 
-def _histogram_observations(requests: pd.DataFrame, iterations: StepColumns):
+def _histogram_observations(requests: Requests, iterations: StepColumns):
     """(name, (times, values)) observed per histogram, at the moment vLLM observes them: TTFT
     at the first token, E2E and queue time when the request finishes, tokens per step at its
     end."""
-    done = requests[requests.status == "finished"]
-    started = requests[np.isfinite(requests.first_token_s)]
-    yield "vllm:time_to_first_token_seconds", (
-        started.first_token_s.to_numpy(np.float64),
-        (started.first_token_s - started.arrival_s).to_numpy(np.float64))
-    yield "vllm:e2e_request_latency_seconds", (
-        done.finish_s.to_numpy(np.float64), (done.finish_s - done.arrival_s).to_numpy(np.float64))
-    yield "vllm:request_queue_time_seconds", (
-        done.finish_s.to_numpy(np.float64),
-        (done.first_scheduled_s - done.arrival_s).to_numpy(np.float64))
+    def f64(name: str, rows: np.ndarray) -> np.ndarray:
+        return column(requests, name)[rows].astype(np.float64, copy=False)
+    done = column(requests, "status") == "finished"
+    first = column(requests, "first_token_s")
+    started = np.isfinite(first)
+    first = f64("first_token_s", started)
+    yield "vllm:time_to_first_token_seconds", (first, first - f64("arrival_s", started))
+    finish, arrival = f64("finish_s", done), f64("arrival_s", done)
+    yield "vllm:e2e_request_latency_seconds", (finish, finish - arrival)
+    yield "vllm:request_queue_time_seconds", (finish, f64("first_scheduled_s", done) - arrival)
     yield "vllm:iteration_tokens_total", (iterations.ends, iterations["num_tokens"])
 
 
@@ -379,14 +450,14 @@ class Samples:
     histograms: dict[str, tuple[list[np.ndarray], np.ndarray]]
 
 
-def sample(requests: pd.DataFrame, iterations: Iterations, interval_s: float = 1.0) -> Samples:
+def sample(requests: Requests, iterations: Iterations, interval_s: float = 1.0) -> Samples:
     """1. The grid up to the run window's end; 2. each gauge read at it; 3. each counter's
     running total at it (then its events dropped); 4. each histogram's bucket counts, count
     and sum at it."""
     iterations = as_steps(iterations)
     _, t1 = run_window(requests, iterations)
     g = grid(t1, interval_s)
-    gauges = {name: gauge(iterations, col).at(g) for name, (col, _) in GAUGES.items()}
+    gauges = {name: _gauge_at(iterations, col, g) for name, (col, _) in GAUGES.items()}
     counters = {name: _counter(times, inc, g)
                 for name, (times, inc) in _counter_events(requests, iterations)}
     histograms = {}
@@ -396,18 +467,25 @@ def sample(requests: pd.DataFrame, iterations: Iterations, interval_s: float = 1
     return Samples(g, gauges, counters, histograms)
 
 
-def build_timeseries(requests: pd.DataFrame, iterations: Iterations | None = None,
+def build_timeseries(requests: Requests, iterations: Iterations | None = None,
                      interval_s: float = 1.0, *, samples: Samples | None = None) -> pd.DataFrame:
     """One row per sample time: `time_s`, each gauge and each counter (vLLM names; counters as
     their `_total` sample), histogram `_count`/`_sum`. Counters without data are left out.
     `samples`: sample(requests, iterations, interval_s) when made already."""
+    import pandas as pd
+
     s = samples if samples is not None else sample(requests, iterations, interval_s)
+    return pd.DataFrame(timeseries_columns(s))
+
+
+def timeseries_columns(s: Samples) -> dict[str, np.ndarray]:
+    """build_timeseries' columns, in its order (float64 arrays)."""
     cols: dict[str, np.ndarray] = {"time_s": s.grid, **s.gauges}
     cols.update({f"{name}_total": v for name, v in s.counters.items()})
     for name, (counts, sums) in s.histograms.items():
         cols[f"{name}_count"] = counts[-1]
         cols[f"{name}_sum"] = sums
-    return pd.DataFrame(cols)
+    return cols
 
 
 # --- OpenMetrics text --------------------------------------------------------------------------
@@ -471,7 +549,7 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
 
 
-def to_openmetrics(requests: pd.DataFrame, iterations: Iterations, *, interval_s: float = 1.0,
+def to_openmetrics(requests: Requests, iterations: Iterations, *, interval_s: float = 1.0,
                    labels: dict[str, str] | None = None, start_unix_s: float = 0.0) -> str:
     """OpenMetrics text with one sample per series per grid time, timestamped
     `start_unix_s + t` (simulated seconds; 0 = the Unix epoch keeps files deterministic).
@@ -483,7 +561,7 @@ def to_openmetrics(requests: pd.DataFrame, iterations: Iterations, *, interval_s
                                       start_unix_s=start_unix_s))
 
 
-def write_openmetrics(path: str | Path, requests: pd.DataFrame, iterations: Iterations | None, *,
+def write_openmetrics(path: str | Path, requests: Requests, iterations: Iterations | None, *,
                       interval_s: float = 1.0, labels: dict[str, str] | None = None,
                       start_unix_s: float = 0.0, samples: Samples | None = None) -> None:
     """to_openmetrics written to `path` chunk by chunk (never the whole text in memory);
@@ -499,7 +577,7 @@ def write_openmetrics(path: str | Path, requests: pd.DataFrame, iterations: Iter
 _CHUNK_SAMPLES = 4096  # grid points per text chunk
 
 
-def openmetrics_chunks(requests: pd.DataFrame, iterations: Iterations, *, interval_s: float = 1.0,
+def openmetrics_chunks(requests: Requests, iterations: Iterations, *, interval_s: float = 1.0,
                        labels: dict[str, str] | None = None, start_unix_s: float = 0.0):
     """The text of to_openmetrics as a sequence of chunks (each whole lines ending in a newline)."""
     for chunk in openmetrics_bytes(sample(requests, iterations, interval_s), labels=labels,
@@ -557,6 +635,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval-s", type=float, default=1.0)
     p.add_argument("-o", "--output", help="default RUN_DIR/openmetrics.txt")
     args = p.parse_args(argv)
+    import pandas as pd
+
     run_dir = Path(args.run_dir)
     try:
         reqs = pd.read_parquet(run_dir / "requests.parquet")

@@ -27,15 +27,24 @@ import json
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from simulator.config.registry import Registry
 from simulator.config.workload import TIMESTAMP_UNITS, WorkloadConfig
 from simulator.errors import ConfigError
-from simulator.workload.generators import ARRIVALS, ChunkIds, RequestArrays, num_chunks, resolve_path
+from simulator.workload.generators import (
+    ARRIVALS,
+    ChunkIds,
+    RequestArrays,
+    num_chunks,
+    read_numeric_csv,
+    resolve_path,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +115,11 @@ def _sniff(path: Path) -> tuple[str, list[str]]:
         except json.JSONDecodeError as e:
             raise ConfigError(f"trace {path}: line 1: invalid JSON ({e.msg})") from None
         return "jsonl", list(first) if isinstance(first, dict) else []
+    numeric = read_numeric_csv(path)  # a plain CSV of numbers: its header without pandas
+    if numeric is not None:
+        return "csv", list(numeric)
+    import pandas as pd
+
     return "csv", list(pd.read_csv(path, nrows=0).columns)
 
 
@@ -139,7 +153,23 @@ def _resolve_format(cfg: WorkloadConfig, path: Path) -> TraceFormat:
                       f"format: generic and workload.columns")
 
 
+# the canonical fields a plain numeric CSV may give without pandas (read_trace)
+_NUMERIC_FIELDS = frozenset({"timestamp", "prompt_tokens", "output_tokens", "priority"})
+
+
+def _read_numeric(path: Path, wanted: list[str]) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
+    """_read_csv's columns as numpy arrays when the file is a plain CSV of numbers holding
+    every wanted column (generators.read_numeric_csv: no blank lines, so the rows are lines
+    2, 3, ...); None otherwise (pandas reads it, and names what is wrong)."""
+    cols = read_numeric_csv(path)
+    if cols is None or not all(c in cols for c in wanted):
+        return None
+    return {c: cols[c] for c in wanted}, np.arange(len(cols[wanted[0]]), dtype=np.int64) + 2
+
+
 def _read_csv(path: Path, wanted: list[str]) -> tuple[dict[str, pd.Series], np.ndarray]:
+    import pandas as pd
+
     header = list(pd.read_csv(path, nrows=0).columns) if path.stat().st_size else []
     if not header:
         raise ConfigError(f"trace {path}: empty file")
@@ -174,6 +204,8 @@ def _read_jsonl(path: Path, wanted: list[str]) -> tuple[dict[str, pd.Series], np
                                       f"column {c!r}; keys: {list(obj)}")
                 cols[c].append(obj[c])
             lines.append(lineno)
+    import pandas as pd
+
     return {c: pd.Series(v, dtype=object) for c, v in cols.items()}, np.asarray(lines, np.int64)
 
 
@@ -186,7 +218,18 @@ def _show(value: Any) -> str:
     return repr(value.item() if isinstance(value, np.generic) else value)
 
 
-def _numbers(raw: pd.Series, col: str, path: Path, lines: np.ndarray) -> np.ndarray:
+Raw = "pd.Series | np.ndarray"  # a column as read: pandas' cells, or _read_numeric's numbers
+
+
+def _cell(raw: Raw, i: int) -> Any:
+    return raw[i] if isinstance(raw, np.ndarray) else raw.iloc[i]
+
+
+def _numbers(raw: Raw, col: str, path: Path, lines: np.ndarray) -> np.ndarray:
+    if isinstance(raw, np.ndarray):  # _read_numeric's: int64 or finite float64
+        return raw.astype(np.float64)
+    import pandas as pd
+
     values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
     bad = np.flatnonzero(~np.isfinite(values))
     if len(bad):
@@ -198,19 +241,21 @@ def _numbers(raw: pd.Series, col: str, path: Path, lines: np.ndarray) -> np.ndar
     return values
 
 
-def _lengths(raw: pd.Series, col: str, path: Path, lines: np.ndarray) -> np.ndarray:
+def _lengths(raw: Raw, col: str, path: Path, lines: np.ndarray) -> np.ndarray:
     values = _numbers(raw, col, path, lines)
     bad = np.flatnonzero((values < 0) | (values != np.floor(values)))
     if len(bad):
         i = int(bad[0])
         why = "is negative" if values[i] < 0 else "is not a whole number of tokens"
-        raise ConfigError(f"{_where(path, lines, i, col)}: {_show(raw.iloc[i])} {why}")
+        raise ConfigError(f"{_where(path, lines, i, col)}: {_show(_cell(raw, i))} {why}")
     return values.astype(np.int64)
 
 
-def _timestamps(raw: pd.Series, col: str, unit: str, path: Path, lines: np.ndarray) -> np.ndarray:
+def _timestamps(raw: Raw, col: str, unit: str, path: Path, lines: np.ndarray) -> np.ndarray:
     """Seconds relative to the earliest timestamp."""
     if unit == "datetime":
+        import pandas as pd
+
         t = pd.to_datetime(raw, format="ISO8601", errors="coerce", utc=True)
         bad = np.flatnonzero(t.isna().to_numpy())
         if len(bad):
@@ -286,7 +331,12 @@ def read_trace(cfg: WorkloadConfig) -> tuple[RequestArrays, bool]:
     cols = dict(fmt.columns)
     filter_cols = list(cfg.filter or {})
     wanted = list(dict.fromkeys([*cols.values(), *filter_cols]))
-    table, lines = (_read_jsonl if fmt.kind == "jsonl" else _read_csv)(path, wanted)
+    read = None
+    if fmt.kind == "csv" and not cfg.filter and set(cols) <= _NUMERIC_FIELDS \
+            and (cfg.timestamp_unit or fmt.timestamp_unit) != "datetime":
+        read = _read_numeric(path, wanted)  # NOTE: no pandas for a plain CSV of numbers
+    table, lines = read if read is not None else (_read_jsonl if fmt.kind == "jsonl"
+                                                  else _read_csv)(path, wanted)
     info: dict[str, Any] = {"source": f"{path} ({fmt.name})", "rows_read": len(lines)}
     if len(lines) == 0:
         raise ConfigError(f"trace {path}: no data rows")
@@ -312,6 +362,8 @@ def read_trace(cfg: WorkloadConfig) -> tuple[RequestArrays, bool]:
     if "tenant" in cols:
         cols_out["tenant"] = table[cols["tenant"]].astype(str).to_numpy(dtype=str)
     if "session_id" in cols:
+        import pandas as pd
+
         cols_out["session_id"] = pd.factorize(table[cols["session_id"]])[0].astype(np.int64)
     prefix, block = None, cfg.prefix_block_tokens
     if "hash_ids" in cols:
