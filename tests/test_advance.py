@@ -289,6 +289,11 @@ def test_decode_runs_take_the_same_block_ids(mode, monkeypatch):
         by_mode[advance] = list(freed)
     assert len(by_mode["step"]) >= 60 and sum(map(len, (b for _, b in by_mode["step"]))) > 60
     assert by_mode["event"] == by_mode["step"]
+    monkeypatch.setattr(PagedAllocator, "free", original)
+    counts = _run_counting(overrides)
+    assert counts["run_steps"] > 0.5 * counts["loop"]  # the runs took most steps (and their blocks)
+    if "engine.num_gpu_blocks_override=300" in overrides:  # and the pool ran out: preemptions
+        assert len(by_mode["step"]) > counts["finished"]
 
 
 @pytest.mark.parametrize("model,gpu,tp", [("llama-2-7b", "a100-80gb", 1), ("llama-2-7b", "h100-sxm", 2)])
@@ -304,20 +309,44 @@ def test_decode_step_times_equal_step_time(model, gpu, tp):
         assert got.tolist() == want
 
 
-def test_decode_step_times_table_equals_step_time():
+def _run_durations(cost: CostModel, m: int, first: int, k: int) -> tuple[list[float], list[float]]:
+    """decode_step_times of a run's k steps from KV entries `first` on, and step_time's."""
+    kv = np.arange(first, first + m * k, m, dtype=np.int64)
+    return (cost.decode_step_times(m, kv, kv).tolist(),
+            [cost.step_time(StepShape(m, m, float(e), int(e), m, 0)) for e in kv])
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_decode_step_times_table_equals_step_time(async_scheduling):
     """A run's steps (one int64 array as pairs and KV entries, C + m (j + 1)): once a batch size
     has been asked often enough the durations come from a per-size table, element for element
     step_time's; entries beyond the table grow it."""
-    cost = CostModel(get_model("llama-2-7b"), get_gpu("a100-80gb"), 1)
+    cost = CostModel(get_model("llama-2-7b"), get_gpu("a100-80gb"), 1, async_scheduling=async_scheduling)
     for m in (3, 40):
         for ask in range(80):
-            first = 1000 * ask + m
-            kv = np.arange(first, first + m * 30, m, dtype=np.int64)
-            got = cost.decode_step_times(m, kv, kv)
-            assert got.tolist() == [cost.step_time(StepShape(m, m, float(e), int(e), m, 0)) for e in kv]
-        far = np.arange(10**6, 10**6 + m * 5, m, dtype=np.int64)  # beyond the table: it grows
-        assert cost.decode_step_times(m, far, far).tolist() == [
-            cost.step_time(StepShape(m, m, float(e), int(e), m, 0)) for e in far]
+            got, want = _run_durations(cost, m, 1000 * ask + m, 30)
+            assert got == want
+        assert m in cost._decode_tables  # built, and used by the last asks
+        got, want = _run_durations(cost, m, 10**6, 5)  # beyond the table: it grows
+        assert got == want and len(cost._decode_tables[m]) > 10**6 + 5 * m
+
+
+def test_decode_step_times_table_budget_and_reset(monkeypatch):
+    """A table that would pass its size limit is not built (the durations are computed, the
+    same values); the cost model's own tables growing drops them (they are rebuilt)."""
+    import simulator.engine.costmodel as costmodel
+
+    monkeypatch.setattr(costmodel, "_TABLE_ENTRIES", 1 << 12)
+    cost = CostModel(get_model("llama-2-7b"), get_gpu("a100-80gb"), 1)
+    for ask in range(80):
+        got, want = _run_durations(cost, 5, 100 + 20 * ask, 20)  # tops < 2^11: a table fits
+        assert got == want
+    assert len(cost._decode_tables[5]) <= 1 << 12
+    got, want = _run_durations(cost, 5, 10**5, 20)  # would need > 2^12 entries: computed
+    assert got == want and len(cost._decode_tables[5]) <= 1 << 12
+    cost.step_time(StepShape(cost._num_rows + 10, 1, 1.0, 1, 1, -1))  # grows the token tables
+    assert cost._decode_tables == {}
+    assert _run_durations(cost, 5, 100, 20)[0] == _run_durations(cost, 5, 100, 20)[1]
 
 
 def test_exact_delay_lands_on_the_target():

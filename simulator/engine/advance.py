@@ -80,8 +80,8 @@ def decode_step_times(cost: CostModel, m: int, pairs: np.ndarray, kv_tokens: np.
     if type(cost).step_time is not _STEP_TIME:
         step_time = cost.step_time
         windows = np.broadcast_to(window_kv_tokens, kv_tokens.shape).tolist()
-        return np.array([step_time(StepShape(m, m, p, k, m, 0, w))
-                         for p, k, w in zip(pairs.tolist(), kv_tokens.tolist(), windows)], np.float64)
+        return np.array([step_time(StepShape(m, m, p, k, m, 0, w)) for p, k, w in
+                         zip(pairs.astype(np.float64).tolist(), kv_tokens.tolist(), windows)], np.float64)
     return cost.decode_step_times(m, pairs, kv_tokens, window_kv_tokens)
 
 

@@ -870,7 +870,10 @@ class CostModel:
     def decode_step_times(self, m: int, pairs: np.ndarray, kv_tokens: np.ndarray,
                           window_kv_tokens: np.ndarray | int = -1) -> np.ndarray:
         """step_times of pure-decode steps of m requests (StepShape(m, m, pairs[j], kv_tokens[j],
-        m, 0, window_kv_tokens[j])): an event-level decode run's durations (engine/advance.py)."""
+        m, 0, window_kv_tokens[j])): an event-level decode run's durations (engine/advance.py).
+        A run's steps (one int64 array as both pairs and KV entries, C + m (j + 1): k >= 1
+        values, rising) are looked up in a per-size table (`_decode_table`); anything else is
+        computed. NOTE: the lookup is a fancy index, a copy: callers may write into the result."""
         if self._ext:  # (the fixed-shape path has no windowed or MLA terms)
             return self.step_times(m, m, pairs, kv_tokens, m, 0, window_kv_tokens)
         if pairs is kv_tokens and pairs.dtype == np.int64:  # a run's steps: C + m (j + 1), rising

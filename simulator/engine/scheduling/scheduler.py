@@ -73,8 +73,8 @@ try:  # NOTE: np.count_nonzero's C function, without its Python wrapper (~0.6 us
     from numpy._core.multiarray import count_nonzero as _nnz
 except ImportError:  # numpy < 2
     _nnz = np.count_nonzero
-# (ndarray.min / sum / np.cumsum through their Python wrappers cost ~0.5-3 us a call; the same
-# reductions, integer or float, straight from the ufuncs)
+# NOTE: ndarray.min / sum / np.cumsum through their Python wrappers cost ~0.5-3 us a call; the
+# same reductions, integer or float, straight from the ufuncs (hot path)
 _min = np.minimum.reduce
 _sum = np.add.reduce
 _accumulate = np.add.accumulate
@@ -830,8 +830,8 @@ class Scheduler:
             if k == left:
                 finished, carry = self._finish_in_run(columns, float(starts[k]),
                                                       rb.num_out[:m] >= rb.target_out[:m])
-            else:
-                finished = []
+            else:  # (the run ends here: _next_part goes on only past a finish)
+                finished, carry = [], None
             steps += k
             t = float(starts[k])
             room = self._next_part(parts, all_starts, RunPart(columns, gaps, reqs, finished), starts,
@@ -978,7 +978,7 @@ class Scheduler:
             left = rb.target_out[:m] - rb.num_out[:m]
             q = int(_min(left))  # 2. turns before the finishing one
             survivors = left > q
-            m_next = _nnz(survivors)
+            m_next = int(_nnz(survivors))
             # the last ones leaving: the finishing turn's schedule is empty (nothing left to run)
             finishes = past if not m_next else past or self.max_num_batched_tokens > m
             k = min(q + 1 if finishes else q, max_steps - turns)
@@ -1127,10 +1127,13 @@ class Scheduler:
         bs = self.kv.block_size
         j0 = rb.capacity[:m] - rb.computed[:m]  # the first step at which each request needs a block
         h = k if horizon is None else horizon
-        # request i takes a block at steps j0 + q bs < h, q = 0, 1, ... (j0 >= 0): layer q of an
-        # (L, m) grid, L the layers below the largest horizon; keys j m + i, sorted, are the
-        # (step, slot) order
-        layers = self._layer_steps(-(-(k if horizon is None else int(h.max())) // bs), bs)
+        # NOTE: request i takes a block at steps j0_i + q bs < h_i, q = 0, 1, ... (j0 >= 0, a
+        # decode's capacity covers its computed tokens): row q of an (L, m) grid of steps, L the
+        # rows below the largest horizon,
+        #     q = 0:  j0_0        j0_1        ...  j0_(m-1)
+        #     q = 1:  j0_0 + bs   j0_1 + bs   ...
+        # masked by steps < h; the keys step * m + slot, sorted, are the (step, slot) order
+        layers = self._layer_steps(-(-(k if horizon is None else int(h.max())) // bs))
         steps = j0 + layers
         key = steps * m
         key += self._slots[:m]
@@ -1145,11 +1148,12 @@ class Scheduler:
                 return None
         return k, ev_i, ev_j
 
-    def _layer_steps(self, num_layers: int, bs: int) -> np.ndarray:
-        """The column (0, bs, 2 bs, ...) of num_layers steps (`_decode_block_events`' grid rows),
-        kept per size."""
+    def _layer_steps(self, num_layers: int) -> np.ndarray:
+        """The column (0, bs, 2 bs, ...) of num_layers steps, bs the KV block size
+        (`_decode_block_events`' grid rows), kept per size."""
         col = self._layer_cols.get(num_layers)
         if col is None:
+            bs = self.kv.block_size
             col = self._layer_cols[num_layers] = np.arange(0, num_layers * bs, bs, dtype=np.int64)[:, None]
         return col
 
