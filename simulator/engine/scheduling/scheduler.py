@@ -57,6 +57,8 @@ from simulator.workload.request import Request, Status
 _ZERO = np.int64(0)  # a decode run's constant columns (numpy scalars are immutable)
 _ZERO_S = np.float64(0.0)
 _NO_EVENTS = np.zeros(0, np.int64)  # a run whose steps take no block (never written)
+_subtract = np.subtract  # (out positional: no keyword parsing, hot path)
+_accumulate = np.add.accumulate
 
 if TYPE_CHECKING:
     from simulator.engine.kvcache.offload import OffloadConnector
@@ -104,6 +106,7 @@ class Scheduler:
         # docstring, "Async scheduling"); continuous, chunked, recompute only (schema.py)
         self.async_scheduling = async_scheduling
         self._inflight: deque[_InFlight] = deque()  # async: scheduled steps not yet committed
+        self._ids: tuple[int, np.ndarray] | None = None  # async: (version, ids of the running) (_launch)
         self._finishing: set[int] = set()  # async: preempted with their last token in flight
         self.running = RunningBatch(max_num_seqs, async_scheduling)
         self._ones = self.running.ones  # sums as dot products (exact, cheaper than reductions)
@@ -246,13 +249,13 @@ class Scheduler:
         while i < len(rb.reqs) and budget > 0:
             m = len(rb.reqs)
             want = rb.n[i:m]
-            np.subtract(rb.tokens[i:m], rb.computed[i:m], out=want)
+            _subtract(rb.tokens[i:m], rb.computed[i:m], want)
             if asynchronous:
                 # vLLM's AsyncScheduler: no extra step for a request whose last token is in flight
                 at_last = rb.num_out[i:m] >= rb.target_out[i:m]
                 if _nnz(at_last):
                     want[at_last] = 0
-            cum = want.cumsum()
+            cum = _accumulate(want)  # want.cumsum() without its Python wrapper
             used = cum.item(-1)
             if used <= budget:  # all of them fit
                 count = m - i
@@ -287,12 +290,13 @@ class Scheduler:
                 at = needers + i if i else needers
                 idx = at.tolist()
                 reqs = rb.reqs
-                sub = rb.cols[:, at].tolist()  # every column of the needers, one call
+                # the needers' rows computed and n (and, for hashing, tokens and ph), one call
+                sub = rb.cols[COMPUTED:PH + 1 if caching else N + 1, at].tolist()
                 tokens = None
                 if caching:  # the token counts only matter for hashing
-                    tokens = ([a - b for a, b in zip(sub[TOKENS], sub[PH])] if asynchronous
-                              else sub[TOKENS])
-                caps = kv.allocate_slots_many([reqs[j] for j in idx], sub[N], sub[COMPUTED], tokens)
+                    tokens = ([a - b for a, b in zip(sub[TOKENS - COMPUTED], sub[PH - COMPUTED])]
+                              if asynchronous else sub[TOKENS - COMPUTED])
+                caps = kv.allocate_slots_many([reqs[j] for j in idx], sub[N - COMPUTED], sub[0], tokens)
                 served = len(caps)
                 if served == len(idx):
                     rb.capacity[at] = caps
@@ -510,10 +514,15 @@ class Scheduler:
             if scheduled is None:
                 kv_tokens = c_sum + t
                 window = int(np.minimum(reach, w).sum()) if w else -1
-            else:  # the sums over the scheduled only
+            elif w:  # the sums over the scheduled only
                 r = reach[scheduled]
                 kv_tokens = (r @ ones[:num_seqs]).item()
-                window = int(np.minimum(r, w).sum()) if w else -1
+                window = int(np.minimum(r, w).sum())
+            else:
+                # NOTE: the sum over all less the unscheduled's (few: past the budget or with
+                # their last token in flight; their reach is their computed), in Python
+                kv_tokens = c_sum + t - sum(map(c.item, (~scheduled).nonzero()[0].tolist()))
+                window = -1
         self._pure = (decodes == m == t and not preempted and not num_admitted
                       and not self.step_swap_s)
         shape = StepShape(t, num_sampled, attn_pairs, kv_tokens, num_seqs, t - decodes, window)
@@ -542,8 +551,13 @@ class Scheduler:
         idx = sampled.nonzero()[0]
         # the running list as it is now (RunningBatch never changes a list in place but to append):
         # the samplers are reqs[idx] should the batch change before the commit
+        ids = self._ids
+        if ids is None or ids[0] != rb.version or len(ids[1]) != m:
+            # NOTE: the ids of slots 0..m-1 change only when a request leaves (the version) or
+            # joins (m): one copy serves every step in between (never written, only read)
+            ids = self._ids = (rb.version, rb.ids[:m].copy())
         self._inflight.append(_InFlight(idx, rb.reqs, reach[idx] if caching else None, rb.version,
-                                        rb.ids[:m].copy()))
+                                        ids[1]))
 
     def commit(self, now: float) -> list[Request]:
         """Apply the step that just ran: advance tokens, sample, finish. Returns finished."""
