@@ -442,12 +442,12 @@ class Scheduler:
         those few slots instead of numpy over the batch. None where that does not hold."""
         rb = self.running
         m = len(rb.reqs)
-        cols = rb.cols[:, first:m].tolist()
-        c, n, out = cols[COMPUTED], cols[N], cols[NUM_OUT]
+        cols = rb.cols[COMPUTED:NUM_OUT + 1, first:m].tolist()  # computed, n, tokens, num_out
+        c, n, tokens, out = cols
         if any(out) or min(n) <= 0:
             return None
         reach = [a + b for a, b in zip(c, n)]
-        if reach != cols[TOKENS]:
+        if reach != tokens:
             return None
         t = sum(n)
         # _summarise's exact integer sums (n @ c, n @ n) and its float expression
@@ -1198,8 +1198,8 @@ class Scheduler:
         # KV slots holding token states: the allocated slots less each running request's unused
         # tail (capacity - computed). Shared prefix blocks are full and counted once, unlike a
         # sum of computed tokens.
-        sums = rb.cols[:CAPACITY + 1, :m] @ self._ones[:m]
-        stored = kv.used_slots - (sums.item(CAPACITY) - sums.item(COMPUTED))
+        sums = rb.cols[COMPUTED:CAPACITY + 1:CAPACITY - COMPUTED, :m] @ self._ones[:m]  # the 2 rows
+        stored = kv.used_slots - (sums.item(1) - sums.item(0))
         swap = None if self.swap is None else self.swap.stats()
         return SchedulerStats(m, len(self.queue) + len(self.kv_holding), stored, kv,
                               self.num_preemptions, self._gaps, swap,
