@@ -225,27 +225,31 @@ class Scheduler:
         if not self.chunked_prefill:
             return self._schedule_prefill_first(now)
         formed = self.batching.form_batch(self, now)
+        reach = None
         if self.vectorized:
-            budget, preempted = self._schedule_running_vectorized(now)
+            budget, preempted, reach = self._schedule_running_vectorized(now)
         else:
             self.running.n[:self.running.m] = 0
             budget, preempted = self._schedule_running_sequential(0, self.max_num_batched_tokens, now)
         admitted = formed
         if not preempted and self.batching.admits_waiting:
             admitted += self._admit_waiting(budget, now)
-        return self._summarise(preempted, admitted)
+        return self._summarise(preempted, admitted, reach)
 
-    def _schedule_running_vectorized(self, now: float) -> tuple[int, list[Request]]:
+    def _schedule_running_vectorized(self, now: float) -> tuple[int, list[Request], np.ndarray | None]:
         """Step 2 over numpy columns, segment by segment: budget cut-off by cumulative sum, the
         manager called (in order, in bulk) only for requests that need it; the first request it
         cannot serve goes through `_schedule_one` (preemption), then the next segment starts.
-        Each segment writes its tokens straight into `n` (what is left over the budget: 0)."""
+        Each segment writes its tokens straight into `n` (what is left over the budget: 0).
+        Returns (budget left, the preempted, computed + n of every running request where one
+        segment served them all, for `_summarise`; else None)."""
         rb = self.running
         budget = self.max_num_batched_tokens
         preempted: list[Request] = []
         i = 0
         kv = self.kv
         asynchronous = self.async_scheduling
+        whole = True  # no request went through _schedule_one yet
         while i < len(rb.reqs) and budget > 0:
             m = len(rb.reqs)
             want = rb.n[i:m]
@@ -268,7 +272,8 @@ class Scheduler:
                 want[count:] = 0
             n = want[:count]
             computed = rb.computed[i:i + count]
-            reach = computed + n
+            reach_all = rb.computed[i:m] + want  # (want is 0 past count)
+            reach = reach_all[:count]
             call = reach > rb.capacity[i:i + count]
             caching = kv.caches_full_blocks
             if caching:
@@ -307,12 +312,15 @@ class Scheduler:
                     rb.n[j:m] = 0
                     budget -= cum.item(j - i - 1) if j > i else 0  # the tokens before it
                     budget, i, stop = self._schedule_one(j, budget, now, preempted)
+                    whole = False
                     if stop:
                         break
                     continue
             budget -= used
+            if whole:  # one segment from slot 0: its reach is the step's (nothing changed since)
+                return budget, preempted, reach_all
             break
-        return budget, preempted
+        return budget, preempted, None
 
     def _schedule_running_sequential(self, i: int, budget: int, now: float) -> tuple[int, list[Request]]:
         """The reference loop (vLLM v1), from running index i with `budget` tokens left."""
@@ -426,9 +434,9 @@ class Scheduler:
             prompts = self._schedule_prompts(budget, now, preempted)
         if not prompts:
             if self.vectorized:
-                _, preempted = self._schedule_running_vectorized(now)
-            else:
-                _, preempted = self._schedule_running_sequential(0, budget, now)
+                _, preempted, reach = self._schedule_running_vectorized(now)
+                return self._summarise(preempted, admitted, reach)
+            _, preempted = self._schedule_running_sequential(0, budget, now)
         elif admitted == prompts and self.offload is None:
             batch = self._summarise_prompts(rb.m - prompts, prompts)
             if batch is not None:
@@ -480,15 +488,18 @@ class Scheduler:
                 break
         return count
 
-    def _summarise(self, preempted: list[Request], num_admitted: int) -> Batch:
+    def _summarise(self, preempted: list[Request], num_admitted: int,
+                   reach: np.ndarray | None = None) -> Batch:
         """The step's Batch from the columns (sums as dot products with a ones column: exact
-        integers, cheaper than a numpy reduction)."""
+        integers, cheaper than a numpy reduction). `reach`: computed + n of the running requests
+        when the caller has it (`_schedule_running_vectorized`; recomputed if some joined since)."""
         rb = self.running
         m = len(rb.reqs)
         n = rb.n[:m]
         c = rb.computed[:m]
         ones = self._ones[:m]
-        reach = c + n
+        if reach is None or len(reach) != m:
+            reach = c + n
         sampled = reach >= rb.tokens[:m]
         num_seqs = _nnz(n)
         scheduled = None  # None: every running request is scheduled
