@@ -228,6 +228,7 @@ class Replica:
         env, sched = self.env, self.scheduler
         step_time = self.cost.step_time
         clock = self.clock
+        decode_step_times, solo = self._decode_step_times, self.solo  # (bound once: every step)
         inflight = None  # (batch, duration) of the step that started at env.now
         while True:
             if inflight is None:
@@ -243,8 +244,8 @@ class Replica:
                 inflight = (batch, step_time(batch.shape))
             batch, duration = inflight
             if clock is not None:
-                run = sched.decode_run(env.now, clock.next_s, self._decode_step_times,
-                                       inflight_s=duration, straddle=self.solo)
+                run = sched.decode_run(env.now, clock.next_s, decode_step_times,
+                                       inflight_s=duration, straddle=solo)
                 if run is not None:
                     self._run_ended(run)
                     yield env.timeout(run.delay)

@@ -128,11 +128,13 @@ class BlockPool:
 class FreeStack:
     """The `lru` free queue of a pool whose blocks never carry a hash (no prefix caching): every
     freed block goes to the head, so the queue is a stack over the initial FIFO. Kept as one
-    int32 array whose *end* is the head; popping n blocks or prepending a request's blocks is a
-    slice, not a Python loop. Pops in exactly the order `LRU` pops (tests/test_allocators.py)."""
+    intp array whose *end* is the head; popping n blocks or prepending a request's blocks is a
+    slice, not a Python loop (NOTE: intp, not int32: numpy indexes by an intp array without
+    converting it, ~4x faster on the ref counts, every step). Pops in exactly the order `LRU`
+    pops (tests/test_allocators.py)."""
 
     def __init__(self, block_ids: range) -> None:
-        self._stack = np.array(block_ids[::-1], np.int32)  # head (next to reuse) last
+        self._stack = np.array(block_ids[::-1], np.intp)  # head (next to reuse) last
         self._top = len(self._stack)
 
     def __len__(self) -> int:
@@ -202,7 +204,9 @@ class UnhashedBlockPool:
         taken = fq._stack[low:top]  # head last
         self.ref_cnt[taken] = 1
         fq._top = low
-        return taken[::-1].tolist()
+        out = taken.tolist()
+        out.reverse()
+        return out
 
     def stamp_access(self, block_ids: list[int], times: np.ndarray) -> None:
         """No policy reads access times here (BlockPool keeps them)."""
@@ -212,7 +216,7 @@ class UnhashedBlockPool:
         (every held block has ref count 1 here, so all of them do)."""
         if not len(ordered_blocks):
             return
-        b = np.fromiter(ordered_blocks, np.int32, len(ordered_blocks))  # (faster than np.array)
+        b = np.fromiter(ordered_blocks, np.intp, len(ordered_blocks))  # (faster than np.array)
         if _nnz(self.ref_cnt[b]) < len(b):
             raise AssertionError(f"block {int(b[self.ref_cnt[b] == 0][0])} freed twice")
         self.ref_cnt[b] = 0

@@ -102,11 +102,12 @@ class PagedAllocator(PoolClock):
         need = -(-total_tokens // self.block_size) - held
         pool = self.pool
         if need > 0 or hits or full_sequence_must_fit:
-            free_hits = sum(1 for b in hits if pool.ref_cnt[b] == 0)
+            free_hits = sum(1 for b in hits if pool.ref_cnt[b] == 0) if hits else 0
+            num_free = pool.num_free_blocks
             if full_sequence_must_fit and (max(-(-req.num_tokens // self.block_size) - held, 0)
-                                           + free_hits > pool.num_free_blocks):
+                                           + free_hits > num_free):
                 return None
-            if max(need, 0) + free_hits > pool.num_free_blocks:
+            if max(need, 0) + free_hits > num_free:
                 return None
             if hits:
                 pool.touch(hits)
@@ -139,6 +140,8 @@ class PagedAllocator(PoolClock):
         pool = self.pool
         room = pool.num_free_blocks
         tables = self.req_to_blocks
+        if not self.enable_prefix_caching:
+            return self._allocate_unhashed(reqs, num_new, num_computed, room)
         served = []  # (request, its table, blocks it needs) in order
         total = 0
         for req, n, c in zip(reqs, num_new, num_computed):
@@ -163,6 +166,43 @@ class PagedAllocator(PoolClock):
                 self._cache_full_blocks(req, table, min(num_computed[k] + num_new[k], req.num_tokens
                                                         if num_tokens is None else num_tokens[k]))
             caps.append(len(table) * bs)
+        return caps
+
+    def _allocate_unhashed(self, reqs: list[Request], num_new: list[int], num_computed: list[int],
+                           room: int) -> list[int]:
+        """allocate_slots_many without prefix caching (nothing to hash): the capacities in the
+        first pass, then the blocks popped at once and handed out in order to those growing."""
+        bs = self.block_size
+        tables = self.req_to_blocks
+        caps = []
+        grow = []  # (request, its table or None, blocks it takes) of those taking blocks
+        total = 0
+        for req, n, c in zip(reqs, num_new, num_computed):
+            table = tables.get(req.req_id)
+            held = len(table) if table else 0
+            need = -(-(c + n) // bs) - held
+            if need > room - total:
+                break
+            total += need
+            if need > 0:
+                grow.append((req, table, need))
+                held += need
+            elif table is None:
+                grow.append((req, None, 0))
+            caps.append(held * bs)
+        new = self.pool.get_new_blocks(total) if total else []
+        if grow:
+            pos = 0
+            for req, table, need in grow:
+                if table is None:
+                    table = tables[req.req_id] = []
+                    self._num_cached[req.req_id] = 0
+                if need == 1:
+                    table.append(new[pos])
+                    pos += 1
+                elif need:
+                    table.extend(new[pos:pos + need])
+                    pos += need
         return caps
 
     def _cache_full_blocks(self, req: Request, blocks: list[int], num_tokens: int) -> None:

@@ -64,6 +64,8 @@ from simulator.workload.request import Request, Status
 _ZERO = np.int64(0)  # a decode run's constant columns (numpy scalars are immutable)
 _ZERO_S = np.float64(0.0)
 _NO_EVENTS = np.zeros(0, np.int64)  # a run whose steps take no block (never written)
+_subtract = np.subtract  # (out positional: no keyword parsing, hot path)
+_accumulate = np.add.accumulate
 
 if TYPE_CHECKING:
     from simulator.engine.kvcache.offload import OffloadConnector
@@ -116,6 +118,7 @@ class Scheduler:
         # docstring, "Async scheduling"); continuous, chunked, recompute only (schema.py)
         self.async_scheduling = async_scheduling
         self._inflight: deque[_InFlight] = deque()  # async: scheduled steps not yet committed
+        self._ids: tuple[int, np.ndarray] | None = None  # async: (version, ids of the running) (_launch)
         self._finishing: set[int] = set()  # async: preempted with their last token in flight
         self.running = RunningBatch(max_num_seqs, async_scheduling)
         self._ones = self.running.ones  # sums as dot products (exact, cheaper than reductions)
@@ -235,37 +238,41 @@ class Scheduler:
         if not self.chunked_prefill:
             return self._schedule_prefill_first(now)
         formed = self.batching.form_batch(self, now)
+        reach = None
         if self.vectorized:
-            budget, preempted = self._schedule_running_vectorized(now)
+            budget, preempted, reach = self._schedule_running_vectorized(now)
         else:
             self.running.n[:self.running.m] = 0
             budget, preempted = self._schedule_running_sequential(0, self.max_num_batched_tokens, now)
         admitted = formed
         if not preempted and self.batching.admits_waiting:
             admitted += self._admit_waiting(budget, now)
-        return self._summarise(preempted, admitted)
+        return self._summarise(preempted, admitted, reach)
 
-    def _schedule_running_vectorized(self, now: float) -> tuple[int, list[Request]]:
+    def _schedule_running_vectorized(self, now: float) -> tuple[int, list[Request], np.ndarray | None]:
         """Step 2 over numpy columns, segment by segment: budget cut-off by cumulative sum, the
         manager called (in order, in bulk) only for requests that need it; the first request it
         cannot serve goes through `_schedule_one` (preemption), then the next segment starts.
-        Each segment writes its tokens straight into `n` (what is left over the budget: 0)."""
+        Each segment writes its tokens straight into `n` (what is left over the budget: 0).
+        Returns (budget left, the preempted, computed + n of every running request where one
+        segment served them all, for `_summarise`; else None)."""
         rb = self.running
         budget = self.max_num_batched_tokens
         preempted: list[Request] = []
         i = 0
         kv = self.kv
         asynchronous = self.async_scheduling
+        whole = True  # no request went through _schedule_one yet
         while i < len(rb.reqs) and budget > 0:
             m = len(rb.reqs)
             want = rb.n[i:m]
-            np.subtract(rb.tokens[i:m], rb.computed[i:m], out=want)
+            _subtract(rb.tokens[i:m], rb.computed[i:m], want)
             if asynchronous:
                 # vLLM's AsyncScheduler: no extra step for a request whose last token is in flight
                 at_last = rb.num_out[i:m] >= rb.target_out[i:m]
                 if _nnz(at_last):
                     want[at_last] = 0
-            cum = want.cumsum()
+            cum = _accumulate(want)  # want.cumsum() without its Python wrapper
             used = cum.item(-1)
             if used <= budget:  # all of them fit
                 count = m - i
@@ -278,7 +285,8 @@ class Scheduler:
                 want[count:] = 0
             n = want[:count]
             computed = rb.computed[i:i + count]
-            reach = computed + n
+            reach_all = rb.computed[i:m] + want  # (want is 0 past count)
+            reach = reach_all[:count]
             call = reach > rb.capacity[i:i + count]
             caching = kv.caches_full_blocks
             if caching:
@@ -300,12 +308,13 @@ class Scheduler:
                 at = needers + i if i else needers
                 idx = at.tolist()
                 reqs = rb.reqs
-                sub = rb.cols[:, at].tolist()  # every column of the needers, one call
+                # the needers' rows computed and n (and, for hashing, tokens and ph), one call
+                sub = rb.cols[COMPUTED:PH + 1 if caching else N + 1, at].tolist()
                 tokens = None
                 if caching:  # the token counts only matter for hashing
-                    tokens = ([a - b for a, b in zip(sub[TOKENS], sub[PH])] if asynchronous
-                              else sub[TOKENS])
-                caps = kv.allocate_slots_many([reqs[j] for j in idx], sub[N], sub[COMPUTED], tokens)
+                    tokens = ([a - b for a, b in zip(sub[TOKENS - COMPUTED], sub[PH - COMPUTED])]
+                              if asynchronous else sub[TOKENS - COMPUTED])
+                caps = kv.allocate_slots_many([reqs[j] for j in idx], sub[N - COMPUTED], sub[0], tokens)
                 served = len(caps)
                 if served == len(idx):
                     rb.capacity[at] = caps
@@ -316,12 +325,15 @@ class Scheduler:
                     rb.n[j:m] = 0
                     budget -= cum.item(j - i - 1) if j > i else 0  # the tokens before it
                     budget, i, stop = self._schedule_one(j, budget, now, preempted)
+                    whole = False
                     if stop:
                         break
                     continue
             budget -= used
+            if whole:  # one segment from slot 0: its reach is the step's (nothing changed since)
+                return budget, preempted, reach_all
             break
-        return budget, preempted
+        return budget, preempted, None
 
     def _schedule_running_sequential(self, i: int, budget: int, now: float) -> tuple[int, list[Request]]:
         """The reference loop (vLLM v1), from running index i with `budget` tokens left."""
@@ -435,9 +447,9 @@ class Scheduler:
             prompts = self._schedule_prompts(budget, now, preempted)
         if not prompts:
             if self.vectorized:
-                _, preempted = self._schedule_running_vectorized(now)
-            else:
-                _, preempted = self._schedule_running_sequential(0, budget, now)
+                _, preempted, reach = self._schedule_running_vectorized(now)
+                return self._summarise(preempted, admitted, reach)
+            _, preempted = self._schedule_running_sequential(0, budget, now)
         elif admitted == prompts and self.offload is None:
             batch = self._summarise_prompts(rb.m - prompts, prompts)
             if batch is not None:
@@ -451,12 +463,12 @@ class Scheduler:
         those few slots instead of numpy over the batch. None where that does not hold."""
         rb = self.running
         m = len(rb.reqs)
-        cols = rb.cols[:, first:m].tolist()
-        c, n, out = cols[COMPUTED], cols[N], cols[NUM_OUT]
+        cols = rb.cols[COMPUTED:NUM_OUT + 1, first:m].tolist()  # computed, n, tokens, num_out
+        c, n, tokens, out = cols
         if any(out) or min(n) <= 0:
             return None
         reach = [a + b for a, b in zip(c, n)]
-        if reach != cols[TOKENS]:
+        if reach != tokens:
             return None
         t = sum(n)
         # _summarise's exact integer sums (n @ c, n @ n) and its float expression
@@ -489,15 +501,18 @@ class Scheduler:
                 break
         return count
 
-    def _summarise(self, preempted: list[Request], num_admitted: int) -> Batch:
+    def _summarise(self, preempted: list[Request], num_admitted: int,
+                   reach: np.ndarray | None = None) -> Batch:
         """The step's Batch from the columns (sums as dot products with a ones column: exact
-        integers, cheaper than a numpy reduction)."""
+        integers, cheaper than a numpy reduction). `reach`: computed + n of the running requests
+        when the caller has it (`_schedule_running_vectorized`; recomputed if some joined since)."""
         rb = self.running
         m = len(rb.reqs)
         n = rb.n[:m]
         c = rb.computed[:m]
         ones = self._ones[:m]
-        reach = c + n
+        if reach is None or len(reach) != m:
+            reach = c + n
         sampled = reach >= rb.tokens[:m]
         num_seqs = _nnz(n)
         scheduled = None  # None: every running request is scheduled
@@ -523,10 +538,15 @@ class Scheduler:
             if scheduled is None:
                 kv_tokens = c_sum + t
                 window = int(np.minimum(reach, w).sum()) if w else -1
-            else:  # the sums over the scheduled only
+            elif w:  # the sums over the scheduled only
                 r = reach[scheduled]
                 kv_tokens = (r @ ones[:num_seqs]).item()
-                window = int(np.minimum(r, w).sum()) if w else -1
+                window = int(np.minimum(r, w).sum())
+            else:
+                # NOTE: the sum over all less the unscheduled's (few: past the budget or with
+                # their last token in flight; their reach is their computed), in Python
+                kv_tokens = c_sum + t - sum(map(c.item, (~scheduled).nonzero()[0].tolist()))
+                window = -1
         self._pure = (decodes == m == t and not preempted and not num_admitted
                       and not self.step_swap_s)
         shape = StepShape(t, num_sampled, attn_pairs, kv_tokens, num_seqs, t - decodes, window)
@@ -555,8 +575,13 @@ class Scheduler:
         idx = sampled.nonzero()[0]
         # the running list as it is now (RunningBatch never changes a list in place but to append):
         # the samplers are reqs[idx] should the batch change before the commit
+        ids = self._ids
+        if ids is None or ids[0] != rb.version or len(ids[1]) != m:
+            # NOTE: the ids of slots 0..m-1 change only when a request leaves (the version) or
+            # joins (m): one copy serves every step in between (never written, only read)
+            ids = self._ids = (rb.version, rb.ids[:m].copy())
         self._inflight.append(_InFlight(idx, rb.reqs, reach[idx] if caching else None, rb.version,
-                                        rb.ids[:m].copy()))
+                                        ids[1]))
 
     def commit(self, now: float) -> list[Request]:
         """Apply the step that just ran: advance tokens, sample, finish. Returns finished."""
@@ -1223,8 +1248,8 @@ class Scheduler:
         # KV slots holding token states: the allocated slots less each running request's unused
         # tail (capacity - computed). Shared prefix blocks are full and counted once, unlike a
         # sum of computed tokens.
-        sums = rb.cols[:CAPACITY + 1, :m] @ self._ones[:m]
-        stored = kv.used_slots - (sums.item(CAPACITY) - sums.item(COMPUTED))
+        sums = rb.cols[COMPUTED:CAPACITY + 1:CAPACITY - COMPUTED, :m] @ self._ones[:m]  # the 2 rows
+        stored = kv.used_slots - (sums.item(1) - sums.item(0))
         swap = None if self.swap is None else self.swap.stats()
         return SchedulerStats(m, len(self.queue) + len(self.kv_holding), stored, kv,
                               self.num_preemptions, self._gaps, swap,
