@@ -51,6 +51,8 @@ class PagedAllocator(PoolClock):
         self._pending_hits: dict[int, list[int]] = {}  # lookup result awaiting allocate_slots
         self.prefix_queries = 0  # tokens looked up (vLLM's prefix_cache_queries)
         self.prefix_hits = 0  # tokens found (vLLM's prefix_cache_hits)
+        # decode_gauges' (used slots, usage) by free-block count, made at the first run
+        self._gauge_tables: tuple[np.ndarray, np.ndarray] | None = None
 
     def max_request_slots(self, req: Request) -> int:
         return -(-req.final_kv_tokens // self.block_size) * self.block_size
@@ -254,8 +256,6 @@ class PagedAllocator(PoolClock):
         for rid, b in zip(req_ids, new):
             tables[rid].append(b)
         pool.stamp_access(new, times)
-
-    _gauge_tables: tuple[np.ndarray, np.ndarray] | None = None  # decode_gauges' (used, usage) by free count
 
     def decode_gauges(self, taken: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(used_slots, usage) after each step of a run, `taken` blocks into it (cumulative),

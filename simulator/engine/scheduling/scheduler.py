@@ -64,8 +64,6 @@ from simulator.workload.request import Request, Status
 _ZERO = np.int64(0)  # a decode run's constant columns (numpy scalars are immutable)
 _ZERO_S = np.float64(0.0)
 _NO_EVENTS = np.zeros(0, np.int64)  # a run whose steps take no block (never written)
-_subtract = np.subtract  # (out positional: no keyword parsing, hot path)
-_accumulate = np.add.accumulate
 
 if TYPE_CHECKING:
     from simulator.engine.kvcache.offload import OffloadConnector
@@ -76,10 +74,12 @@ try:  # NOTE: np.count_nonzero's C function, without its Python wrapper (~0.6 us
 except ImportError:  # numpy < 2
     _nnz = np.count_nonzero
 # NOTE: ndarray.min / sum / np.cumsum through their Python wrappers cost ~0.5-3 us a call; the
-# same reductions, integer or float, straight from the ufuncs (hot path)
+# same reductions, integer or float, straight from the ufuncs (hot path); np.subtract with its
+# out positional (no keyword parsing)
 _min = np.minimum.reduce
 _sum = np.add.reduce
 _accumulate = np.add.accumulate
+_subtract = np.subtract
 
 
 @dataclass(slots=True)
