@@ -147,13 +147,6 @@ class FreeStack:
         """Current eviction order, head first (tests and debugging)."""
         return self._stack[:self._top][::-1].tolist()
 
-    def pop_many(self, n: int) -> np.ndarray:
-        """The n head blocks, head first."""
-        top = self._top - n
-        out = self._stack[top:self._top][::-1].copy()
-        self._top = top
-        return out
-
     def prepend_many(self, block_ids: np.ndarray) -> None:
         """block_ids[0] becomes the head, block_ids[1] next, ... (LRU.prepend)."""
         top = self._top

@@ -75,12 +75,24 @@ class RunningBatch:
         self.reqs = self.reqs[:i] + self.reqs[i + 1:]
         self.version += 1
 
+    def remove_slots(self, slots: list[int]) -> None:
+        """The requests at `slots` (ascending) leave, the others keep their order."""
+        if len(slots) == 1:  # one leaves (the common case): slices, not a mask and a gather
+            self.remove(slots[0])
+            return
+        keep = np.ones(len(self.reqs), bool)
+        keep[slots] = False
+        self.compress(keep)
+
+    def computed_and_capacity(self, m: int) -> tuple[int, int]:
+        """(sum of computed tokens, sum of KV capacity) over the first m requests: one dot
+        product of the two rows (exact integers)."""
+        sums = self.cols[COMPUTED:CAPACITY + 1:CAPACITY - COMPUTED, :m] @ self.ones[:m]
+        return sums.item(0), sums.item(1)
+
     def compress(self, keep: np.ndarray) -> None:
         at = keep.nonzero()[0]
         k = len(at)
-        if k == len(self.reqs) - 1:  # one leaves (the common case): slices, not a gather
-            self.remove(int((~keep).argmax()))
-            return
         cols = self.cols
         cols[:, :k] = cols[:, at]
         self.last_token[:k] = self.last_token[at]

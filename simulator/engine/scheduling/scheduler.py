@@ -50,7 +50,6 @@ from simulator.engine.protocols import (
 )
 from simulator.engine.scheduling.queues.fcfs import FCFS
 from simulator.engine.scheduling.running import (
-    CAPACITY,
     COMPUTED,
     NUM_OUT,
     PH,
@@ -836,8 +835,7 @@ class Scheduler:
                 break
             k, ev_i, ev_j = events
             if carry is None:
-                sums = rb.cols[COMPUTED:CAPACITY + 1, :m] @ self._ones[:m]
-                carry = (None, sums.item(0), sums.item(CAPACITY - COMPUTED))
+                carry = (None, *rb.computed_and_capacity(m))
             c_sum = carry[1]  # 4.
             _, _, _, durations = self._decode_shapes(k, c_sum, step_times)
             starts = np.empty(k + 1)
@@ -913,12 +911,7 @@ class Scheduler:
         """The running requests at `slots` (ascending) finish at `now` (`_finish_slot`, in slot
         order: their KV freed in running order), then leave the batch in one pass."""
         finished = [self._finish_slot(i, now, free) for i in slots]
-        if len(slots) == 1:  # the common case: no mask
-            self.running.remove(slots[0])
-            return finished
-        keep = np.ones(len(self.running.reqs), bool)
-        keep[slots] = False
-        self.running.compress(keep)
+        self.running.remove_slots(slots)
         return finished
 
     def _finish_in_run(self, columns: dict[str, Any], now: float, done: np.ndarray
@@ -941,8 +934,7 @@ class Scheduler:
         columns["num_running"] = running
         columns["kv_used_slots"][-1] = stats.used_slots
         columns["kv_usage"][-1] = stats.usage
-        sums = rb.cols[COMPUTED:CAPACITY + 1, :left] @ self._ones[:left]
-        c_left, cap_left = sums.item(0), sums.item(CAPACITY - COMPUTED)
+        c_left, cap_left = rb.computed_and_capacity(left)
         columns["kv_tokens_stored"][-1] = stats.used_slots - (cap_left - c_left)
         for name, value in (("prefix_queries_total", stats.prefix_queries),
                             ("prefix_hits_total", stats.prefix_hits),
@@ -1158,7 +1150,7 @@ class Scheduler:
         #     q = 0:  j0_0        j0_1        ...  j0_(m-1)
         #     q = 1:  j0_0 + bs   j0_1 + bs   ...
         # masked by steps < h; the keys step * m + slot, sorted, are the (step, slot) order
-        layers = self._layer_steps(-(-(k if horizon is None else int(h.max())) // bs))
+        layers = self._layer_steps(-(-k // bs))  # (a horizon is never past k)
         steps = j0 + layers
         key = steps * m
         key += self._slots[:m]
@@ -1248,8 +1240,8 @@ class Scheduler:
         # KV slots holding token states: the allocated slots less each running request's unused
         # tail (capacity - computed). Shared prefix blocks are full and counted once, unlike a
         # sum of computed tokens.
-        sums = rb.cols[COMPUTED:CAPACITY + 1:CAPACITY - COMPUTED, :m] @ self._ones[:m]  # the 2 rows
-        stored = kv.used_slots - (sums.item(1) - sums.item(0))
+        computed, capacity = rb.computed_and_capacity(m)
+        stored = kv.used_slots - (capacity - computed)
         swap = None if self.swap is None else self.swap.stats()
         return SchedulerStats(m, len(self.queue) + len(self.kv_holding), stored, kv,
                               self.num_preemptions, self._gaps, swap,
