@@ -150,6 +150,11 @@ class MergedRecorder:
         self.total_slots = sum(r.total_slots for r in recorders)
         self._iters: pd.DataFrame | None = None
 
+    def requests_table(self) -> pd.DataFrame:
+        """What `summarize` and a run's Result read (a DataFrame: summary.column reads it as it
+        reads one replica's Table)."""
+        return self.requests_frame()
+
     def requests_frame(self) -> pd.DataFrame:
         import pandas as pd  # NOTE: here: a one-replica run needs no pandas (metrics/table.py)
 

@@ -195,7 +195,7 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *,
     else:
         # NOTE: no engine sections (evictions, swap) for clusters yet, as before the one loop
         summary["cluster"] = cluster_section(s.cluster, cluster, recorders, config)
-    table = recorders[0].requests_table() if n == 1 else merged.requests_frame()
+    table = merged.requests_table()
     return Result(s, summary, table, merged, wall, schedulers[0] if n == 1 else None)
 
 

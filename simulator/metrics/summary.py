@@ -116,7 +116,7 @@ def summarize(recorder: MetricsRecorder, num_arrived: int, *, slo: dict | None =
     del gv, gc
     busy = recorder.busy_s()
     # NOTE: one replica's table as numpy columns (no pandas in a run); a cluster's DataFrame
-    reqs = recorder.requests_table() if isinstance(recorder, MetricsRecorder) else recorder.requests_frame()
+    reqs = recorder.requests_table()
     iters = recorder.step_columns()
     release_memory(len(iters))  # the token gaps' parts, freed
     targets = resolve_slo(slo)
@@ -177,7 +177,7 @@ def summarize(recorder: MetricsRecorder, num_arrived: int, *, slo: dict | None =
         "rate": _ratio(total_preempt, total_preempt + num_done),
     }
     prefix = _prefix_section(iters, done)
-    groups = _groups_section(reqs, fin)
+    groups = _groups_section(reqs, done)
     del done, fin, multi, ttft, out
     # 2. what the steps give, one column at a time
     batch = {
@@ -244,18 +244,18 @@ def _group_keys(values: np.ndarray) -> list:
     return sorted({v for v in values.tolist() if v is not None and v == v})
 
 
-def _groups_section(reqs: Requests, fin: np.ndarray) -> dict[str, Any] | None:
+def _groups_section(reqs: Requests, done: _Done) -> dict[str, Any] | None:
     """Latency and preemptions per tier (else per priority, else per tenant) when the run has
-    more than one: the starvation view of a scheduling policy (queue wait max and p99)."""
+    more than one: the starvation view of a scheduling policy (queue wait max and p99);
+    `done`: the finished requests' columns."""
     for key in ("tier", "priority", "tenant"):
         if key in reqs:
-            values = column(reqs, key)[fin]
+            values = done[key]
             keys = _group_keys(values)
             if len(keys) > 1:
                 break
     else:
         return None
-    done = _Done(reqs, fin)
     groups = {}
     for value in keys:
         g = values == value

@@ -101,8 +101,9 @@ def _open_text(path: Path):
     return gzip.open(path, "rt") if path.suffix == ".gz" else open(path)  # noqa: SIM115
 
 
-def _sniff(path: Path) -> tuple[str, list[str]]:
-    """(kind, header column names) from the first non-blank line."""
+def _sniff(path: Path) -> tuple[str, list[str], dict[str, np.ndarray] | None]:
+    """(kind, header column names, the columns when the file is a plain CSV of numbers: read
+    once, `read_trace` uses them) from the first non-blank line."""
     with _open_text(path) as f:
         for line in f:
             if line.strip():
@@ -114,16 +115,19 @@ def _sniff(path: Path) -> tuple[str, list[str]]:
             first = json.loads(line)
         except json.JSONDecodeError as e:
             raise ConfigError(f"trace {path}: line 1: invalid JSON ({e.msg})") from None
-        return "jsonl", list(first) if isinstance(first, dict) else []
+        return "jsonl", list(first) if isinstance(first, dict) else [], None
     numeric = read_numeric_csv(path)  # a plain CSV of numbers: its header without pandas
     if numeric is not None:
-        return "csv", list(numeric)
+        return "csv", list(numeric), numeric
     import pandas as pd
 
-    return "csv", list(pd.read_csv(path, nrows=0).columns)
+    return "csv", list(pd.read_csv(path, nrows=0).columns), None
 
 
-def _resolve_format(cfg: WorkloadConfig, path: Path) -> TraceFormat:
+def _resolve_format(cfg: WorkloadConfig, path: Path
+                    ) -> tuple[TraceFormat, dict[str, np.ndarray] | None]:
+    """The trace's format (named, or detected from its header), and the numeric columns the
+    detection read (None: not read)."""
     name = cfg.format
     if name == "auto" and cfg.columns is not None:
         name = "generic"
@@ -133,20 +137,20 @@ def _resolve_format(cfg: WorkloadConfig, path: Path) -> TraceFormat:
             if cfg.columns is None:
                 raise ConfigError(f"trace {path}: format generic needs workload.columns "
                                   f"(e.g. {{timestamp: ts, prompt_tokens: in, output_tokens: out}})")
-            kind, _ = _sniff(path)
+            kind, _, numeric = _sniff(path)
             unit = cfg.timestamp_unit or "s"
             return TraceFormat("generic", kind, dict(cfg.columns),
-                               unit if "timestamp" in cfg.columns else None, "column mapping")
+                               unit if "timestamp" in cfg.columns else None, "column mapping"), numeric
         if cfg.columns is not None:
             raise ConfigError(f"workload.columns applies to format generic, not {name!r}")
-        return fmt
-    kind, header = _sniff(path)
+        return fmt, None
+    kind, header, numeric = _sniff(path)
     # built-in formats in their order, then plug-in formats by name
     plugins = [n for n in TRACE_FORMATS.names() if n not in _DETECT_ORDER and n != "generic"]
     for cand in [*_DETECT_ORDER, *plugins]:
         fmt = TRACE_FORMATS.get(cand)
         if fmt.kind == kind and set(fmt.columns.values()) <= set(header):
-            return fmt
+            return fmt, numeric
     formats = "; ".join(TRACE_FORMATS.get(n).about for n in [*_DETECT_ORDER, *plugins])
     raise ConfigError(f"trace {path}: cannot detect the format from {kind} columns {header}; "
                       f"known: {formats}. Name it with workload.format, or map the columns with "
@@ -157,11 +161,14 @@ def _resolve_format(cfg: WorkloadConfig, path: Path) -> TraceFormat:
 _NUMERIC_FIELDS = frozenset({"timestamp", "prompt_tokens", "output_tokens", "priority"})
 
 
-def _read_numeric(path: Path, wanted: list[str]) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
+def _read_numeric(path: Path, wanted: list[str], cols: dict[str, np.ndarray] | None = None
+                  ) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
     """_read_csv's columns as numpy arrays when the file is a plain CSV of numbers holding
     every wanted column (generators.read_numeric_csv: no blank lines, so the rows are lines
-    2, 3, ...); None otherwise (pandas reads it, and names what is wrong)."""
-    cols = read_numeric_csv(path)
+    2, 3, ...; `cols`: its columns, read already); None otherwise (pandas reads it, and names
+    what is wrong)."""
+    if cols is None:
+        cols = read_numeric_csv(path)
     if cols is None or not all(c in cols for c in wanted):
         return None
     return {c: cols[c] for c in wanted}, np.arange(len(cols[wanted[0]]), dtype=np.int64) + 2
@@ -327,14 +334,14 @@ def read_trace(cfg: WorkloadConfig) -> tuple[RequestArrays, bool]:
     path = resolve_path(cfg.trace, "trace")
     if path.stat().st_size == 0:
         raise ConfigError(f"trace {path}: empty file")
-    fmt = _resolve_format(cfg, path)
+    fmt, numeric = _resolve_format(cfg, path)
     cols = dict(fmt.columns)
     filter_cols = list(cfg.filter or {})
     wanted = list(dict.fromkeys([*cols.values(), *filter_cols]))
     read = None
     if fmt.kind == "csv" and not cfg.filter and set(cols) <= _NUMERIC_FIELDS \
             and (cfg.timestamp_unit or fmt.timestamp_unit) != "datetime":
-        read = _read_numeric(path, wanted)  # NOTE: no pandas for a plain CSV of numbers
+        read = _read_numeric(path, wanted, numeric)  # NOTE: no pandas for a plain CSV of numbers
     table, lines = read if read is not None else (_read_jsonl if fmt.kind == "jsonl"
                                                   else _read_csv)(path, wanted)
     info: dict[str, Any] = {"source": f"{path} ({fmt.name})", "rows_read": len(lines)}
