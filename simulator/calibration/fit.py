@@ -106,10 +106,13 @@ MEMORY_BOUND_MAX_TOKENS = 8
 # NOTE: the feed cost r is per GPU because it is the SM's tensor rate over its shared-memory
 # rate, a property of the chip: per SM and clock A100 does 2,048 dense fp16 flops, A40 (GA102)
 # 1,024 and H100 4,096 (wgmma), against 128 B/clock of shared memory on all three, so one byte
-# fed costs A40 half and H100 twice A100's flops (fitted: 0.56x and ~4x, docs/costmodel.md).
+# fed costs A40 half and H100 twice A100's flops (fitted: 0.35x and 5.3x, gpu_profiles/; the
+# per-SM rates: the GA102, A100 and H100 architecture whitepapers; 32 banks x 4 B of shared
+# memory per clock: the CUDA C++ programming guide).
 # The tile setup k0 (pipeline fill, epilogue) is per GPU for a like reason: the epilogue stores
 # the output tile at memory speed, so counted in K-steps of tensor work it grows with the chip's
-# peak / bandwidth (A100 153, A40 215, H100 295 flop/B; fitted k0 orders the same way).
+# peak / bandwidth (A100 153, A40 215, H100 295 flop/B: peak_tflops.fp16 / hbm_bandwidth_gbps of
+# gpu_profiles/; fitted k0 orders the same way).
 GEMM_MEMORY = ("gemm_overhead_s", "gemm_bandwidth_eff")
 GEMM_PER_GPU = ("gemm_compute_eff", "gemm_overlap_exp", "gemm_feed_flop_per_byte", "gemm_tile_setup_k")
 GEMM_SHARED = ("gemm_select_exp",)
@@ -206,7 +209,6 @@ def fit_gemm_joint(data: list[GemmData], objective: Objective = DATA_LOSS,
     `solution`) starts step 2 there instead of at GEMM_STARTS: the held-out refits, which move
     little, converge in a fraction of the evaluations (deterministic either way)."""
     shared = GEMM_SHARED if fit_shared else ()
-    # fixed starting values, not the profile's: a refit reproduces the committed profile
     compute = {d.gpu.name: replace(d.base, **{p: GEMM_STARTS[p] for p in (*GEMM_PER_GPU, *shared)})
                for d in data}
     values: dict[str, float] = dict(start or {})
