@@ -87,7 +87,7 @@ def decode_run_times(cost: CostModel, m: int, first: int, k: int,
     return cost.decode_run_times(m, first, k, window_kv_tokens)
 
 
-def decode_step_fn(cost: CostModel) -> Callable[..., np.ndarray]:
+def decode_run_fn(cost: CostModel) -> Callable[..., np.ndarray]:
     """decode_run_times bound to `cost` (what a replica hands Scheduler.decode_run): the cost
     model's own method where its step_time is the standard one (no wrapper on the hot path)."""
     if type(cost).step_time is not _STEP_TIME:

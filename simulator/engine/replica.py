@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 import simpy
 
-from simulator.engine.advance import ArrivalClock, decode_step_fn
+from simulator.engine.advance import ArrivalClock, decode_run_fn
 from simulator.engine.costmodel import CostModel
 from simulator.engine.protocols import SchedulerInterface
 from simulator.engine.steptrace import StepTrace
@@ -50,7 +50,7 @@ class Replica:
         # (None: step by step, the reference)
         self.clock = clock
         # the durations of a decode run's steps (advance.decode_run_times on this cost model)
-        self._decode_run_times = decode_step_fn(cost)
+        self._decode_run_times = decode_run_fn(cost)
         # the only replica (no router reads its state at an arrival, which only joins its queue):
         # a decode run may end with the step during which the next arrival comes
         self.solo = solo

@@ -789,12 +789,11 @@ class Scheduler:
         3. per part, the blocks the steps take, in the loop's order (step, then running order):
            request i needs one at steps capacity - computed + q * block_size; the part stops
            before the step whose block the free queue (`decode_room`) cannot give;
-        4. the durations (`step_times`: CostModel.decode_run_times' signature) and start
-           times (sequential float sums, as
-           SimPy adds them); the run stops so its last step ends strictly before `until_s` (the
-           next arrival), or with `straddle` (an arrival only joins the queue) at the step that
-           ends after it, unless that step finishes someone; the end is reachable by one exact
-           SimPy delay;
+        4. the durations (`step_times`: CostModel.decode_run_times' signature) and start times
+           (sequential float sums, as SimPy adds them); the run stops so its last step ends
+           strictly before `until_s` (the next arrival), or with `straddle` (an arrival only
+           joins the queue) at the step that ends after it, unless that step finishes someone;
+           the end is reachable by one exact SimPy delay;
         5. apply the part: blocks popped in order, counters advanced, the records as columns;
            a finishing step then finishes its requests as commit does (`_finish_in_run`: KV
            freed in running order, popped first by the next part's steps)."""
