@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simulator.config.schema import build_config
-from simulator.engine.advance import decode_step_times, exact_delay
+from simulator.engine.advance import decode_run_times, exact_delay
 from simulator.engine.costmodel import CostModel, StepShape
 from simulator.engine.run import run
 from simulator.engine.steptrace import StepTrace
@@ -297,28 +297,30 @@ def test_decode_runs_take_the_same_block_ids(mode, monkeypatch):
 
 
 @pytest.mark.parametrize("model,gpu,tp", [("llama-2-7b", "a100-80gb", 1), ("llama-2-7b", "h100-sxm", 2)])
-def test_decode_step_times_equal_step_time(model, gpu, tp):
+def test_decode_run_times_equal_step_time(model, gpu, tp):
+    """A run's k steps, KV entries (= attention pairs) first + m j: advance's wrapper (the cost
+    model's own decode_run_times, computed: no table yet) gives step_time's values."""
     cost = CostModel(get_model(model), get_gpu(gpu), tp)
     rng = np.random.default_rng(0)
     for m in (1, 7, 256, 300):
-        c = rng.integers(0, 10**7, 50)
-        pairs = (c + m).astype(np.float64)
-        kv = c + m
-        got = decode_step_times(cost, m, pairs, kv)
-        want = [cost.step_time(StepShape(m, m, float(p), int(k))) for p, k in zip(pairs, kv)]
-        assert got.tolist() == want
+        for first in rng.integers(0, 10**7, 5).tolist():
+            got = decode_run_times(cost, m, first + m, 50)
+            want = [cost.step_time(StepShape(m, m, float(e), e))
+                    for e in range(first + m, first + m + 50 * m, m)]
+            assert got.tolist() == want
 
 
 def _run_durations(cost: CostModel, m: int, first: int, k: int) -> tuple[list[float], list[float]]:
-    """decode_step_times of a run's k steps from KV entries `first` on, and step_time's."""
+    """decode_run_times of a run's k steps from KV entries `first` on, and step_time's."""
     kv = np.arange(first, first + m * k, m, dtype=np.int64)
-    return (cost.decode_step_times(m, kv, kv).tolist(),
-            [cost.step_time(StepShape(m, m, float(e), int(e), m, 0)) for e in kv])
+    got = cost.decode_run_times(m, first, k)
+    assert len(got) == k
+    return (got.tolist(), [cost.step_time(StepShape(m, m, float(e), int(e), m, 0)) for e in kv])
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_decode_step_times_table_equals_step_time(async_scheduling):
-    """A run's steps (one int64 array as pairs and KV entries, C + m (j + 1)): once a batch size
+def test_decode_run_times_table_equals_step_time(async_scheduling):
+    """A run's steps (pairs and KV entries C + m (j + 1)): once a batch size
     has been asked often enough the durations come from a per-size table, element for element
     step_time's; entries beyond the table grow it."""
     cost = CostModel(get_model("llama-2-7b"), get_gpu("a100-80gb"), 1, async_scheduling=async_scheduling)
@@ -331,7 +333,7 @@ def test_decode_step_times_table_equals_step_time(async_scheduling):
         assert got == want and len(cost._decode_tables[m]) > 10**6 + 5 * m
 
 
-def test_decode_step_times_table_budget_and_reset(monkeypatch):
+def test_decode_run_times_table_budget_and_reset(monkeypatch):
     """A table that would pass its size limit is not built (the durations are computed, the
     same values); the cost model's own tables growing drops them (they are rebuilt)."""
     import simulator.engine.costmodel as costmodel

@@ -71,26 +71,28 @@ class DecodeRun:
 _STEP_TIME = CostModel.step_time
 
 
-def decode_step_times(cost: CostModel, m: int, pairs: np.ndarray, kv_tokens: np.ndarray,
-                      window_kv_tokens: np.ndarray | int = -1) -> np.ndarray:
-    """CostModel.step_time(StepShape(m, m, pairs[j], kv_tokens[j], m, 0, window_kv_tokens[j]))
-    for every j: the cost model's own vectorized step_times (element-wise equal to step_time,
-    tests/test_costmodel.py); every step of a decode run is a pure decode of the m running
-    requests (window_kv_tokens: -1, not given, unless the model has sliding-window layers)."""
+def decode_run_times(cost: CostModel, m: int, first: int, k: int,
+                     window_kv_tokens: np.ndarray | int = -1) -> np.ndarray:
+    """CostModel.step_time(StepShape(m, m, e_j, e_j, m, 0, window_kv_tokens[j])) for the k
+    steps j of a decode run, e_j = first + m j: the cost model's own decode_run_times (element-
+    wise equal to step_time, tests/test_advance.py); every step of a decode run is a pure
+    decode of the m running requests (window_kv_tokens: -1, not given, unless the model has
+    sliding-window layers)."""
     if type(cost).step_time is not _STEP_TIME:
         step_time = cost.step_time
-        windows = np.broadcast_to(window_kv_tokens, kv_tokens.shape).tolist()
-        return np.array([step_time(StepShape(m, m, p, k, m, 0, w)) for p, k, w in
-                         zip(pairs.astype(np.float64).tolist(), kv_tokens.tolist(), windows)], np.float64)
-    return cost.decode_step_times(m, pairs, kv_tokens, window_kv_tokens)
+        entries = range(first, first + m * k, m)
+        windows = np.broadcast_to(window_kv_tokens, (k,)).tolist()
+        return np.array([step_time(StepShape(m, m, float(e), e, m, 0, w))
+                         for e, w in zip(entries, windows)], np.float64)
+    return cost.decode_run_times(m, first, k, window_kv_tokens)
 
 
-def decode_step_fn(cost: CostModel) -> Callable[..., np.ndarray]:
-    """decode_step_times bound to `cost` (what a replica hands Scheduler.decode_run): the cost
+def decode_run_fn(cost: CostModel) -> Callable[..., np.ndarray]:
+    """decode_run_times bound to `cost` (what a replica hands Scheduler.decode_run): the cost
     model's own method where its step_time is the standard one (no wrapper on the hot path)."""
     if type(cost).step_time is not _STEP_TIME:
-        return functools.partial(decode_step_times, cost)
-    return cost.decode_step_times
+        return functools.partial(decode_run_times, cost)
+    return cost.decode_run_times
 
 
 def exact_delay(now: float, target: float) -> float | None:

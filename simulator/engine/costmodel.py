@@ -157,7 +157,7 @@ GEMM_TILES = ((16, 64, 1), (16, 64, 4), (32, 128, 1),
               (64, 64, 1), (64, 64, 2), (64, 64, 4), (64, 128, 1), (64, 128, 2), (64, 128, 4),
               (128, 64, 1), (128, 128, 1), (128, 128, 2), (128, 256, 1), (256, 128, 1))
 SPLIT_K_PARTIAL_BYTES = 4  # split-K partial sums are fp32, written by the GEMM, read by the reduction
-# decode_step_times' tables (one per batch size): built on a size's 64th ask, <= 16 MB each, 64 MB in all
+# decode_run_times' tables (one per batch size): built on a size's 64th ask, <= 16 MB each, 64 MB in all
 _TABLE_AFTER = 64
 _TABLE_ENTRIES = 1 << 21
 _TABLE_BUDGET = 1 << 23
@@ -765,7 +765,7 @@ class CostModel:
         self._num_rows = len(n)
         # per step shape (t, s, seqs, prefill): _fixed_shape_step_times' scalars from these tables
         self._fixed_consts: dict[tuple[int, int, int, int], tuple] = {}
-        # per batch size m: decode_step_times' durations by KV entries, and how often m was asked
+        # per batch size m: decode_run_times' durations by KV entries, and how often m was asked
         self._decode_tables: dict[int, np.ndarray] = {}
         self._decode_asks: dict[int, int] = {}
 
@@ -867,27 +867,27 @@ class CostModel:
         step = np.maximum(cpu, gpu) + o.async_exposed_s if self.async_scheduling else cpu + gpu
         return np.where(t > 0, step, 0.0)
 
-    def decode_step_times(self, m: int, pairs: np.ndarray, kv_tokens: np.ndarray,
-                          window_kv_tokens: np.ndarray | int = -1) -> np.ndarray:
-        """step_times of pure-decode steps of m requests (StepShape(m, m, pairs[j], kv_tokens[j],
-        m, 0, window_kv_tokens[j])): an event-level decode run's durations (engine/advance.py).
-        A run's steps (one int64 array as both pairs and KV entries, C + m (j + 1): k >= 1
-        values, rising) are looked up in a per-size table (`_decode_table`); anything else is
-        computed. NOTE: the lookup is a fancy index, a copy: callers may write into the result."""
-        if self._ext:  # (the fixed-shape path has no windowed or MLA terms)
-            return self.step_times(m, m, pairs, kv_tokens, m, 0, window_kv_tokens)
-        if pairs is kv_tokens and pairs.dtype == np.int64:  # a run's steps: C + m (j + 1), rising
-            table = self._decode_tables.get(m)
-            top = pairs.item(-1)
-            if table is not None and top < len(table):
-                return table[pairs]
-            table = self._decode_table(m, top)
-            if table is not None:
-                return table[pairs]
-        return self._fixed_shape_step_times(m, m, pairs, kv_tokens, m, 0)
+    def decode_run_times(self, m: int, first: int, k: int,
+                         window_kv_tokens: np.ndarray | int = -1) -> np.ndarray:
+        """The durations of an event-level decode run's k steps (engine/advance.py): pure
+        decodes of m requests whose attention pairs and KV entries are both first + m j at step
+        j (exact integers). Looked up in a per-size table of every entry count (`_decode_table`)
+        where one is built, else computed; either way step_time's values element for element.
+        NOTE: the lookup is a strided view of the table: callers must not write into it."""
+        if self._ext:
+            kv = np.arange(first, first + m * k, m, dtype=np.int64)[:k]
+            return self.step_times(m, m, kv, kv, m, 0, window_kv_tokens)
+        end = first + m * k  # (one past the last step's entries, first + m (k - 1))
+        table = self._decode_tables.get(m)
+        if table is None or end - m >= len(table):
+            table = self._decode_table(m, end - m)
+        if table is not None:
+            return table[first:end:m]
+        kv = np.arange(first, end, m, dtype=np.int64)[:k]
+        return self._fixed_shape_step_times(m, m, kv, kv, m, 0)
 
     def _decode_table(self, m: int, top: int) -> np.ndarray | None:
-        """decode_step_times' table for batch size m, covering KV entries 0..top (or None): the
+        """decode_run_times' table for batch size m, covering KV entries 0..top (or None): the
         fixed-shape durations of every entry count, element for element what the arrays would
         give. Built once m has been asked for _TABLE_AFTER times (a short run builds none),
         doubled as needed, within _TABLE_ENTRIES entries for one m and _TABLE_BUDGET for all."""

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 import simpy
 
-from simulator.engine.advance import ArrivalClock, decode_step_fn
+from simulator.engine.advance import ArrivalClock, decode_run_fn
 from simulator.engine.costmodel import CostModel
 from simulator.engine.protocols import SchedulerInterface
 from simulator.engine.steptrace import StepTrace
@@ -49,8 +49,8 @@ class Replica:
         # engine.advance event: pure-decode steps advance in runs that end before clock.next_s
         # (None: step by step, the reference)
         self.clock = clock
-        # the durations of a decode run's steps (advance.decode_step_times on this cost model)
-        self._decode_step_times = decode_step_fn(cost)
+        # the durations of a decode run's steps (advance.decode_run_times on this cost model)
+        self._decode_run_times = decode_run_fn(cost)
         # the only replica (no router reads its state at an arrival, which only joins its queue):
         # a decode run may end with the step during which the next arrival comes
         self.solo = solo
@@ -128,7 +128,7 @@ class Replica:
                 yield from self._sleep()
                 continue
             if clock is not None:
-                run = sched.decode_run(env.now, clock.next_s, self._decode_step_times,
+                run = sched.decode_run(env.now, clock.next_s, self._decode_run_times,
                                        straddle=self.solo)
                 if run is not None:
                     self._run_ended(run)
@@ -228,7 +228,7 @@ class Replica:
         env, sched = self.env, self.scheduler
         step_time = self.cost.step_time
         clock = self.clock
-        decode_step_times, solo = self._decode_step_times, self.solo  # (bound once: every step)
+        decode_run_times, solo = self._decode_run_times, self.solo  # (bound once: every step)
         inflight = None  # (batch, duration) of the step that started at env.now
         while True:
             if inflight is None:
@@ -244,7 +244,7 @@ class Replica:
                 inflight = (batch, step_time(batch.shape))
             batch, duration = inflight
             if clock is not None:
-                run = sched.decode_run(env.now, clock.next_s, decode_step_times,
+                run = sched.decode_run(env.now, clock.next_s, decode_run_times,
                                        inflight_s=duration, straddle=solo)
                 if run is not None:
                     self._run_ended(run)

@@ -136,50 +136,18 @@ class PagedAllocator(PoolClock):
                             ) -> list[int]:
         """allocate_slots for running requests in order, stopping at the first that does not
         fit; returns the capacities of those served. Same blocks, same order as one call each:
-        running requests have no pending prefix hits, so each just pops its new blocks.
+        running requests have no pending prefix hits, so each just pops its new blocks. One pass
+        finds what each needs, the blocks are popped at once and handed out in order, then (with
+        prefix caching) each served request's newly full blocks are hashed.
         `num_tokens`: each request's current token count (default req.num_tokens)."""
         bs = self.block_size
-        pool = self.pool
-        room = pool.num_free_blocks
         tables = self.req_to_blocks
-        if not self.enable_prefix_caching:
-            return self._allocate_unhashed(reqs, num_new, num_computed, room)
-        served = []  # (request, its table, blocks it needs) in order
-        total = 0
-        for req, n, c in zip(reqs, num_new, num_computed):
-            table = tables.get(req.req_id)
-            need = -(-(c + n) // bs) - (len(table) if table else 0)
-            if need > room - total:
-                break
-            total += need
-            served.append((req, table, need))
-        new = pool.get_new_blocks(total) if total else []
-        caps = []
-        pos = 0
+        room = self.pool.num_free_blocks
         caching = self.enable_prefix_caching
-        for k, (req, table, need) in enumerate(served):
-            if table is None:
-                table = tables[req.req_id] = []
-                self._num_cached[req.req_id] = 0
-            if need:
-                table.extend(new[pos:pos + need])
-                pos += need
-            if caching:
-                self._cache_full_blocks(req, table, min(num_computed[k] + num_new[k], req.num_tokens
-                                                        if num_tokens is None else num_tokens[k]))
-            caps.append(len(table) * bs)
-        return caps
-
-    def _allocate_unhashed(self, reqs: list[Request], num_new: list[int], num_computed: list[int],
-                           room: int) -> list[int]:
-        """allocate_slots_many without prefix caching (nothing to hash): the capacities in the
-        first pass, then the blocks popped at once and handed out in order to those growing."""
-        bs = self.block_size
-        tables = self.req_to_blocks
         caps = []
-        grow = []  # (request, its table or None, blocks it takes) of those taking blocks
+        grow = []  # (position, request, its table or None, blocks it takes) of those to update
         total = 0
-        for req, n, c in zip(reqs, num_new, num_computed):
+        for k, (req, n, c) in enumerate(zip(reqs, num_new, num_computed)):
             table = tables.get(req.req_id)
             held = len(table) if table else 0
             need = -(-(c + n) // bs) - held
@@ -187,24 +155,26 @@ class PagedAllocator(PoolClock):
                 break
             total += need
             if need > 0:
-                grow.append((req, table, need))
                 held += need
-            elif table is None:
-                grow.append((req, None, 0))
+                grow.append((k, req, table, need))
+            elif table is None or caching:
+                grow.append((k, req, table, 0))
             caps.append(held * bs)
         new = self.pool.get_new_blocks(total) if total else []
-        if grow:
-            pos = 0
-            for req, table, need in grow:
-                if table is None:
-                    table = tables[req.req_id] = []
-                    self._num_cached[req.req_id] = 0
-                if need == 1:
-                    table.append(new[pos])
-                    pos += 1
-                elif need:
-                    table.extend(new[pos:pos + need])
-                    pos += need
+        pos = 0
+        for k, req, table, need in grow:
+            if table is None:
+                table = tables[req.req_id] = []
+                self._num_cached[req.req_id] = 0
+            if need == 1:
+                table.append(new[pos])
+                pos += 1
+            elif need:
+                table.extend(new[pos:pos + need])
+                pos += need
+            if caching:
+                self._cache_full_blocks(req, table, min(num_computed[k] + num_new[k], req.num_tokens
+                                                        if num_tokens is None else num_tokens[k]))
         return caps
 
     def _cache_full_blocks(self, req: Request, blocks: list[int], num_tokens: int) -> None:

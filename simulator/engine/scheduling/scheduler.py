@@ -542,9 +542,13 @@ class Scheduler:
                 kv_tokens = (r @ ones[:num_seqs]).item()
                 window = int(np.minimum(r, w).sum())
             else:
-                # NOTE: the sum over all less the unscheduled's (few: past the budget or with
-                # their last token in flight; their reach is their computed), in Python
-                kv_tokens = c_sum + t - sum(map(c.item, (~scheduled).nonzero()[0].tolist()))
+                # NOTE: the sum over all less the unscheduled's (their reach is their computed):
+                # in Python when they are few (past the budget or with their last token in
+                # flight), else over numpy (a batch past a small budget)
+                if m - num_seqs <= 16:
+                    kv_tokens = c_sum + t - sum(map(c.item, (~scheduled).nonzero()[0].tolist()))
+                else:
+                    kv_tokens = (reach[scheduled] @ ones[:num_seqs]).item()
                 window = -1
         self._pure = (decodes == m == t and not preempted and not num_admitted
                       and not self.step_swap_s)
@@ -785,11 +789,11 @@ class Scheduler:
         3. per part, the blocks the steps take, in the loop's order (step, then running order):
            request i needs one at steps capacity - computed + q * block_size; the part stops
            before the step whose block the free queue (`decode_room`) cannot give;
-        4. the durations (step_times over numpy) and start times (sequential float sums, as
-           SimPy adds them); the run stops so its last step ends strictly before `until_s` (the
-           next arrival), or with `straddle` (an arrival only joins the queue) at the step that
-           ends after it, unless that step finishes someone; the end is reachable by one exact
-           SimPy delay;
+        4. the durations (`step_times`: CostModel.decode_run_times' signature) and start times
+           (sequential float sums, as SimPy adds them); the run stops so its last step ends
+           strictly before `until_s` (the next arrival), or with `straddle` (an arrival only
+           joins the queue) at the step that ends after it, unless that step finishes someone;
+           the end is reachable by one exact SimPy delay;
         5. apply the part: blocks popped in order, counters advanced, the records as columns;
            a finishing step then finishes its requests as commit does (`_finish_in_run`: KV
            freed in running order, popped first by the next part's steps)."""
@@ -837,7 +841,7 @@ class Scheduler:
             if carry is None:
                 carry = (None, *rb.computed_and_capacity(m))
             c_sum = carry[1]  # 4.
-            _, _, _, durations = self._decode_shapes(k, c_sum, step_times)
+            _, durations = self._decode_shapes(k, c_sum, step_times)
             starts = np.empty(k + 1)
             starts[0] = t
             starts[1:] = durations
@@ -990,6 +994,7 @@ class Scheduler:
         straddled = False
         shape: StepShape | None = None
         finished: list[Request] = []
+        carry = None  # what the last part's finishing turn left: (KV stats, sum computed, sum capacity)
         while True:
             m = rb.m
             left = rb.target_out[:m] - rb.num_out[:m]
@@ -1006,10 +1011,10 @@ class Scheduler:
                 break
             k, ev_i, ev_j = events
             c0 = rb.computed[:m]
-            c_sum = int(_sum(c0))  # 4.
+            c_sum = int(_sum(c0)) if carry is None else carry[1]  # 4.
             n_pure = min(k, q)
             if n_pure:
-                pairs_next, kv_next, w_next, d_next = self._decode_shapes(n_pure, c_sum, step_times)
+                w_next, d_next = self._decode_shapes(n_pure, c_sum, step_times)
             if k > q and not m_next:  # an empty schedule: nothing to run
                 d_sched = np.concatenate((d_next[:n_pure], [0.0])) if n_pure else np.zeros(1)
             elif k > q:  # the finishing turn schedules those left (their computed then: c + q)
@@ -1017,10 +1022,8 @@ class Scheduler:
                 kv_skip = int(_sum(c_left)) + m_next
                 w_skip = (-1 if not self.window_tokens else
                           int(window_kv_sums(c_left, np.ones(1, np.int64), self.window_tokens)[0]))
-                pair_skip = np.array([float(kv_skip)])
-                kv_arr = np.array([kv_skip])
-                d_skip = (step_times(m_next, pair_skip, kv_arr) if w_skip < 0 else
-                          step_times(m_next, pair_skip, kv_arr, np.array([w_skip])))
+                d_skip = (step_times(m_next, kv_skip, 1) if w_skip < 0 else
+                          step_times(m_next, kv_skip, 1, np.array([w_skip])))
                 d_sched = np.concatenate((d_next[:n_pure], d_skip)) if n_pure else d_skip
             else:
                 d_sched = d_next
@@ -1035,7 +1038,8 @@ class Scheduler:
             starts = starts[:k + 1]
             durations = np.concatenate(([d_inflight], d_sched[:k - 1]))
             reqs = list(rb.reqs)
-            columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum, reqs)  # 5.
+            columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum, reqs,  # 5.
+                                                   *(carry[::2] if carry is not None else ()))
             rb.n[:m] = 1
             if k > q:  # the finishing turn: those skipped took q schedules, their last resolved
                 done = ~survivors
@@ -1043,16 +1047,17 @@ class Scheduler:
                 rb.tokens[:m][done] -= 1
                 rb.num_out[:m][done] -= 1
                 rb.ph[:m][done] = 0
-                finished = self._finish_in_run(columns, float(starts[k]), done)[0]
+                finished, carry = self._finish_in_run(columns, float(starts[k]), done)
                 if m_next:
-                    shape = StepShape(m_next, m_next, float(pair_skip[0]), kv_skip, m_next, 0, w_skip)
+                    shape = StepShape(m_next, m_next, float(kv_skip), kv_skip, m_next, 0, w_skip)
                     d_inflight = float(d_skip[0])
                 else:  # the empty schedule commits at once (Replica.run_async): nothing in flight
                     shape = None
-            else:
-                finished = []
+            else:  # (the run ends here: _next_part goes on only past a finish)
+                finished, carry = [], None
                 j = k - 1
-                shape = StepShape(m, m, float(pairs_next[j]), int(kv_next[j]), m, 0,
+                entries = c_sum + m * (j + 1)  # (_decode_shapes' step j)
+                shape = StepShape(m, m, float(entries), entries, m, 0,
                                   -1 if w_next is None else int(w_next[j]))
                 d_inflight = float(d_sched[j])
             turns += k
@@ -1094,20 +1099,17 @@ class Scheduler:
         return np.concatenate([*(x[:-1] for x in parts[:-1]), parts[-1]])
 
     def _decode_shapes(self, k: int, c_sum: int, step_times: Callable[..., np.ndarray]
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
-        """decode_run's step 4 shapes: the attention pairs, KV entries (and, for sliding
-        layers, the windowed entries: min(c + j + 1, window) per request) of k decode steps of
-        the running batch, and their durations from `step_times`."""
+                       ) -> tuple[np.ndarray | None, np.ndarray]:
+        """decode_run's step 4 shapes: k decode steps of the running batch have attention pairs
+        and KV entries both C + m (j + 1) at step j (exact integers; C = c_sum); for sliding
+        layers the windowed entries, min(c + j + 1, window) summed per request (else None); and
+        the steps' durations from `step_times` (CostModel.decode_run_times' signature)."""
         rb = self.running
         m = rb.m
-        # NOTE: a pure decode step's attention pairs equal its KV entries (C + m (j + 1)); exact
-        # integers, so one array serves as both (the cost model reads it by entry count)
-        first = c_sum + m
-        pairs = np.arange(first, first + m * k, m, dtype=np.int64)[:k]
         if not self.window_tokens:
-            return pairs, pairs, None, step_times(m, pairs, pairs)
+            return None, step_times(m, c_sum + m, k)
         window = window_kv_sums(rb.computed[:m], np.arange(1, k + 1, dtype=np.int64), self.window_tokens)
-        return pairs, pairs, window, step_times(m, pairs, pairs, window)
+        return window, step_times(m, c_sum + m, k, window)
 
     def _cut_to_arrival(self, now: float, until_s: float, starts: np.ndarray, k: int, straddle: int = 0
                         ) -> tuple[int, float, bool] | None:
