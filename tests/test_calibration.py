@@ -303,7 +303,7 @@ def test_per_gpu_tile_costs_follow_the_chips(measured_fits):
     setup k0 (the epilogue's store at memory speed) grows with peak / bandwidth (215 / 153 / 295
     flop/B). The fit orders both the same way, and the largest tile's main loop stays within the
     datasheet peak's neighbourhood (not > 1.1, which no clock boost reaches)."""
-    from simulator.calibration.fit import main_loop_eff
+    from simulator.engine.costmodel import main_loop_eff
 
     p = {k: f.params for k, f in measured_fits.items()}
     feed = [p[g].gemm_feed_flop_per_byte for g in ("a40", "a100", "h100")]

@@ -35,6 +35,7 @@ from simulator.engine.costmodel import (
     GemmGeometry,
     allreduce_time,
     link_bandwidth,
+    main_loop_eff,
 )
 from simulator.errors import ConfigError
 from simulator.hardware.gpus import GpuSpec
@@ -345,14 +346,6 @@ def fit_elementwise(models: list[ModelTimings], gpu: GpuSpec, base: CostParams) 
     """One GPU's element-wise fit, the shared row rates held at the base's values
     (`fit_elementwise_joint`)."""
     return fit_elementwise_joint([(models, gpu, base)], fit_shared=False)[gpu.name]
-
-
-def main_loop_eff(p: CostParams, bm: int = 128, bn: int = 256, dtype_bytes: float = 2.0) -> float:
-    """Fraction of peak at which a bm x bn tile's main loop runs, tensor work and operand feed
-    (costmodel item 1): 1 / (1 / gemm_compute_eff + r * (bm + bn) * dtype_bytes / (2 * bm * bn));
-    the default is the largest candidate tile, what a large GEMM runs at before memory and setup."""
-    feed = p.gemm_feed_flop_per_byte * (bm + bn) * dtype_bytes / (2.0 * bm * bn)
-    return 1.0 / (1.0 / p.gemm_compute_eff + feed)
 
 
 def derive_attention(fitted: FittedParams) -> FittedParams:
