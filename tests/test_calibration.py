@@ -14,11 +14,20 @@ import pytest
 import yaml
 
 from simulator.calibration.data import model_dirs, read_mlp_csv
-from simulator.calibration.fit import SHARED_PARAMS, fit_compute, fit_elementwise_joint, fit_network
+from simulator.calibration.fit import (
+    GEMM_PER_GPU,
+    GEMM_SHARED,
+    GEMM_TILE_LOSS,
+    SHARED_PARAMS,
+    fit_compute,
+    fit_elementwise_joint,
+    fit_network,
+)
 from simulator.calibration.gpu_fit import fit_gpus
 from simulator.calibration.pool import donors, pool_residuals, pool_terms
+from simulator.calibration.report import params_table
 from simulator.calibration.sections import measured_section, write_calibration
-from simulator.calibration.solve import Objective, Param, ParamStat, solve, t_interval
+from simulator.calibration.solve import LEAST_SQUARES, Objective, Param, ParamStat, solve, t_interval
 from simulator.calibration.transfer import nearest_donor
 from simulator.cli.main import main as cli_main
 from simulator.engine.costmodel import LAYER_OPS, Chip, CostParams, ShardDims, op_times
@@ -294,7 +303,7 @@ def test_per_gpu_tile_costs_follow_the_chips(measured_fits):
     setup k0 (the epilogue's store at memory speed) grows with peak / bandwidth (215 / 153 / 295
     flop/B). The fit orders both the same way, and the largest tile's main loop stays within the
     datasheet peak's neighbourhood (not > 1.1, which no clock boost reaches)."""
-    from simulator.calibration.fit import main_loop_eff
+    from simulator.engine.costmodel import main_loop_eff
 
     p = {k: f.params for k, f in measured_fits.items()}
     feed = [p[g].gemm_feed_flop_per_byte for g in ("a40", "a100", "h100")]
@@ -303,6 +312,28 @@ def test_per_gpu_tile_costs_follow_the_chips(measured_fits):
     for fit in measured_fits.values():
         assert 0.6 < main_loop_eff(fit.params) < 1.1, (fit.gpu.name, main_loop_eff(fit.params))
         assert fit.params.attn_compute_eff < main_loop_eff(fit.params)
+
+
+def test_each_parameter_records_its_loss_and_the_table_names_it(measured_fits):
+    """Only the GEMM tile step (GEMM_PER_GPU and the shared tile-choice exponent) is fitted under
+    soft-l1; weight streaming, element-wise kernels and the all-reduce are least squares. The
+    parameter table says so per row, not once for the whole table."""
+    from rich.console import Console
+
+    fit = measured_fits["a100"]
+    tile = set(GEMM_PER_GPU + GEMM_SHARED)
+    assert tile <= set(fit.stats) and "gemm_bandwidth_eff" in fit.stats and "norm_overhead_s" in fit.stats
+    for name, stat in fit.stats.items():
+        assert stat.loss == (GEMM_TILE_LOSS if name in tile else LEAST_SQUARES), (name, stat)
+    console = Console(width=200, record=True, color_system=None)
+    console.print(params_table(fit))
+    text = console.export_text()
+    assert "soft_l1 0.05 = soft_l1 loss, f_scale 0.05" in text and "linear = least squares" in text
+    rows = {line.split()[1]: line for line in text.splitlines() if line.startswith("│")}
+    for name in fit.stats:
+        shown = f"{name} (us)".split()[0] if name.endswith("_s") else name
+        assert ("soft_l1 0.05" if name in tile else "linear") in rows[shown], rows[shown]
+    assert "not fitted" in rows["attn_compute_eff"]  # derived from the GEMM fit (no attention data)
 
 
 def test_network_fit(shared_data):

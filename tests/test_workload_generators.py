@@ -136,6 +136,28 @@ def test_empirical_lengths_from_file(tmp_path):
         gen(num_requests=10, prompt_tokens={"dist": "empirical", "file": str(f), "column": "zz"})
 
 
+@pytest.mark.parametrize("name,text,error", [
+    ("lens.jsonl", '{"a": 10, "b": 1}\n{"a": 20, "b": 2}\n', None),  # pandas reads it
+    ("lens.csv", "a,b\n10,1\n20,x\n", r"row 2 \(line 3\), column 'b': 'x' is not a length >= 1"),
+    ("lens.jsonl", '{"a": 10, "b": 1}\n{"a": 20, "b": null}\n',
+     r"row 2 \(line 3\), column 'b': np.float64\(nan\)"),
+    ("lens.csv", "a,b\n10,1\n0,2\n", r"row 2 \(line 3\), column 'a': np.int64\(0\) is not a length >= 1"),
+    ("lens.csv", "a,b\n", r"lens.csv: no rows"),
+])
+def test_lengths_file_through_pyarrow_or_pandas(tmp_path, name, text, error):
+    """A lengths file is read once into numpy columns (pyarrow for a plain numeric CSV, else
+    pandas); either way a cell that is not a length >= 1 is named by row, line and value."""
+    f = tmp_path / name
+    f.write_text(text)
+    kw = {"num_requests": 100, "lengths_file": str(f), "prompt_column": "a", "output_column": "b"}
+    if error is None:
+        w = gen(**kw)
+        assert np.array_equal(w.prompt_tokens, w.output_tokens * 10) and w.prompt_tokens.dtype == np.int64
+    else:
+        with pytest.raises(ConfigError, match=error):
+            gen(**kw)
+
+
 # --- determinism and scale -------------------------------------------------------------------
 def test_deterministic_per_seed():
     kw = {"num_requests": 2000, "arrival": {"process": "gamma", "rate": 5.0, "cv": 2.0},

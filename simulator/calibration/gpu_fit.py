@@ -41,7 +41,7 @@ from simulator.calibration.score import (
     op_errors,
     predict_layer_sum,
 )
-from simulator.calibration.solve import DATA_LOSS, Objective, ParamStat
+from simulator.calibration.solve import ParamStat
 from simulator.calibration.transfer import transfer_params
 from simulator.engine.costmodel import CostParams, link_bandwidth
 from simulator.errors import ConfigError, did_you_mean
@@ -75,7 +75,6 @@ class GpuFit:
     folder_reason: str
     dataset: str  # the data set's name, for people (DataFolder.dataset)
     stats: dict[str, ParamStat]  # fitted parameter -> standard error / bound flag
-    objective: Objective = DATA_LOSS
     notes: list[str] = field(default_factory=list)
     shared_with: tuple[str, ...] = ()  # GPUs whose data fitted SHARED_PARAMS jointly (empty: held fixed)
     residuals: Residuals | None = None  # in-sample, per-layer op sum
@@ -109,7 +108,7 @@ def load_folder(profiles: Path, name: str, target: GpuSpec | None = None) -> Fol
 
 
 def fit_gpus(profiles: str | Path, names: list[str], *, target: GpuSpec | None = None, lomo: bool = True,
-             logo: bool = True, objective: Objective = DATA_LOSS) -> list[GpuFit]:
+             logo: bool = True) -> list[GpuFit]:
     """Fit GPU folders. Steps:
     1. read each folder (`load_folder`);
     2. GEMM and element-wise parameters: with two or more folders, every folder's GEMMs together
@@ -129,18 +128,18 @@ def fit_gpus(profiles: str | Path, names: list[str], *, target: GpuSpec | None =
     joint = len(data) > 1
     start = None
     if joint:
-        full = fit_compute_joint(folders, objective)
+        full = fit_compute_joint(folders)
         compute, start = full.by_gpu, full.solution
     else:
-        compute = {data[0].gpu.name: fit_compute(data[0].models, data[0].gpu, data[0].base, objective)}
+        compute = {data[0].gpu.name: fit_compute(data[0].models, data[0].gpu, data[0].base)}
     if not lomo:
         lomo_res: dict[str, Residuals] = {}
     elif joint:
-        lomo_res = leave_one_model_out_joint(folders, objective, start=start)
+        lomo_res = leave_one_model_out_joint(folders, start=start)
     else:
-        single = leave_one_model_out(data[0].models, data[0].gpu, data[0].base, objective)
+        single = leave_one_model_out(data[0].models, data[0].gpu, data[0].base)
         lomo_res = {data[0].gpu.name: single} if single is not None else {}
-    logo_res = leave_one_gpu_out(folders, transfer_params, objective, start=start) if joint and logo else {}
+    logo_res = leave_one_gpu_out(folders, transfer_params, start=start) if joint and logo else {}
     out = []
     for d in data:
         fitted = compute[d.gpu.name]
@@ -166,20 +165,19 @@ def fit_gpus(profiles: str | Path, names: list[str], *, target: GpuSpec | None =
         held = lomo_res.get(d.gpu.name)
         out.append(GpuFit(d.folder, d.gpu, params, d.models, op_errors(d.models, d.gpu, params),
                           held.by_model() if held is not None else {}, network, bool(d.attention),
-                          d.label, d.known.reason, d.known.dataset, stats, objective, notes,
+                          d.label, d.known.reason, d.known.dataset, stats, notes,
                           tuple(names_seen) if joint else (), in_sample(d.models, d.gpu, params), held,
                           logo_res.get(d.gpu.name)))
     return out
 
 
 def fit_gpu(profiles: str | Path, name: str, *, target: GpuSpec | None = None,
-            lomo: bool = True, objective: Objective = DATA_LOSS) -> GpuFit:
+            lomo: bool = True) -> GpuFit:
     """One folder alone (`fit_gpus` with one name: the shared tile-choice exponent held at the profile's)."""
-    return fit_gpus(profiles, [name], target=target, lomo=lomo, objective=objective)[0]
+    return fit_gpus(profiles, [name], target=target, lomo=lomo)[0]
 
 
-def run_holdout(profiles: str | Path, names: list[str], what: str,
-                objective: Objective = DATA_LOSS) -> tuple[str, dict[str, Residuals]]:
+def run_holdout(profiles: str | Path, names: list[str], what: str) -> tuple[str, dict[str, Residuals]]:
     """One held-out check, as `kvsim calibrate --holdout` runs it. Steps:
     1. read the folders;
     2. `what` names a GPU (folder or catalogue name): fit every other folder together and
@@ -202,7 +200,7 @@ def run_holdout(profiles: str | Path, names: list[str], what: str,
                               f"GPUs (drop --gpu)")
         others = ", ".join(sorted({g for g in by_gpu.values() if g != gpu_name}))
         return (f"leave-one-GPU-out ({gpu_name} predicted from {others} through its datasheet)",
-                leave_one_gpu_out(folders, transfer_params, objective, only=gpu_name))
+                leave_one_gpu_out(folders, transfer_params, only=gpu_name))
     models = sorted({m.name for d in data for m in d.models})
     key = what.lower()
     match = [m for m in models if m.lower() == key or m.split("/")[-1].lower() == key]
@@ -212,13 +210,13 @@ def run_holdout(profiles: str | Path, names: list[str], what: str,
                           f"GPUs: {', '.join(sorted(set(by_gpu.values())))}; models: {', '.join(models)}")
     held = match[0]
     if len(data) > 1:
-        res = leave_one_model_out_joint(folders, objective, only=lambda g, m: m == held)
+        res = leave_one_model_out_joint(folders, only=lambda g, m: m == held)
     else:
         d = data[0]
         rest = [m for m in d.models if m.name != held]
         if not rest:
             raise ConfigError(f"--holdout {what}: {d.gpu.name} has no other model to fit on")
-        p = fit_compute(rest, d.gpu, d.base, objective).params
+        p = fit_compute(rest, d.gpu, d.base).params
         res = {d.gpu.name: Residuals.concat([Residuals.of(m, predict_layer_sum(m, d.gpu, p))
                                              for m in d.models if m.name == held])}
     return f"leave-one-model-out ({held} held out, refit on the rest)", res

@@ -15,7 +15,7 @@ from rich.table import Table
 from simulator.calibration.data import ALL_OPS
 from simulator.calibration.gpu_fit import GpuFit
 from simulator.calibration.score import TOKEN_BANDS, Residuals, predict_layer_sum, predict_ops
-from simulator.calibration.solve import t_interval
+from simulator.calibration.solve import Objective, t_interval
 
 
 def parity_plot(fits: list[GpuFit], path: Path) -> Path:
@@ -58,27 +58,36 @@ def parity_plot(fits: list[GpuFit], path: Path) -> Path:
     return path
 
 
+def _loss_label(loss: Objective) -> str:
+    return loss.loss if loss.loss == "linear" else f"{loss.loss} {loss.f_scale:g}"
+
+
 def params_table(fit: GpuFit, level: float = 0.95) -> Table:
-    """One GPU's parameters: value, standard error and Student t interval (scipy.stats.t, the
+    """One GPU's parameters: value, the loss its fit step used (`ParamStat.loss`: soft-l1 on the
+    GEMM tile step, linear elsewhere), standard error and Student t interval (scipy.stats.t, the
     fit's residual degrees of freedom) for each fitted one; the rest say why they have none.
-    Seconds are shown in microseconds, so the table fits 80 columns."""
-    title = (f"{fit.gpu.name}: fitted parameters ({fit.objective.describe()}), standard error from the "
-             f"Jacobian, {level:.0%} t-interval")
+    Seconds are shown in microseconds, so the table stays narrow."""
+    losses = {_loss_label(s.loss): "least squares" if s.loss.loss == "linear" else s.loss.describe()
+              for s in fit.stats.values()}
+    legend = "; ".join(f"{short} = {long}" for short, long in sorted(losses.items()))
+    title = (f"{fit.gpu.name}: fitted parameters, standard error from the Jacobian, {level:.0%} "
+             f"t-interval; loss per row ({legend})")
     table = Table(title=title, title_justify="left")
-    for col in ("parameter", "value", "std error", f"{level:.0%} interval"):
-        table.add_column(col, justify="left" if col == "parameter" else "right")
+    for col in ("parameter", "value", "loss", "std error", f"{level:.0%} interval"):
+        table.add_column(col, justify="left" if col in ("parameter", "loss") else "right")
     for name, value in fit.params.as_dict().items():
         scale, shown = (1e6, f"{name} (us)") if name.endswith("_s") else (1.0, name)
         stat = fit.stats.get(name)
         if stat is None:
-            cells = ("-", "not fitted")
+            cells = ("-", "-", "not fitted")
         elif stat.at_bound:
-            cells = ("-", f"on {stat.at_bound} bound {stat.bound * scale:g}")
+            cells = (_loss_label(stat.loss), "-", f"on {stat.at_bound} bound {stat.bound * scale:g}")
         elif stat.std_error is None:
-            cells = ("-", "not determined")
+            cells = (_loss_label(stat.loss), "-", "not determined")
         else:
             lo, hi = t_interval(value, stat, level)
-            cells = (f"{stat.std_error * scale:.2g}", f"{lo * scale:.4g} .. {hi * scale:.4g}")
+            cells = (_loss_label(stat.loss), f"{stat.std_error * scale:.2g}",
+                     f"{lo * scale:.4g} .. {hi * scale:.4g}")
         table.add_row(shown, f"{value * scale:.4g}", *cells)
     return table
 

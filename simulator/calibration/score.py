@@ -15,7 +15,6 @@ import numpy as np
 
 from simulator.calibration.data import ALL_OPS, ModelTimings
 from simulator.calibration.fit import fit_compute, fit_compute_joint
-from simulator.calibration.solve import DATA_LOSS, Objective
 from simulator.engine.costmodel import Chip, CostParams, op_times
 from simulator.hardware.gpus import GpuSpec
 
@@ -117,21 +116,19 @@ def in_sample(models: list[ModelTimings], gpu: GpuSpec, p: CostParams) -> Residu
 Folder = tuple[list[ModelTimings], GpuSpec, CostParams]  # models, GPU, base parameters
 
 
-def leave_one_model_out(models: list[ModelTimings], gpu: GpuSpec, base: CostParams,
-                        objective: Objective = DATA_LOSS) -> Residuals | None:
+def leave_one_model_out(models: list[ModelTimings], gpu: GpuSpec, base: CostParams) -> Residuals | None:
     """One GPU, shared tile-choice exponent held at the base's values: for each model M, fit on the others
     and predict M's per-layer op sum (every token and TP row). None with one model."""
     if len(models) < 2:
         return None
     parts = []
     for held in models:
-        p = fit_compute([m for m in models if m is not held], gpu, base, objective).params
+        p = fit_compute([m for m in models if m is not held], gpu, base).params
         parts.append(Residuals.of(held, predict_layer_sum(held, gpu, p)))
     return Residuals.concat(parts)
 
 
-def leave_one_model_out_joint(folders: list[Folder], objective: Objective = DATA_LOSS,
-                              only: Callable[[str, str], bool] | None = None,
+def leave_one_model_out_joint(folders: list[Folder], only: Callable[[str, str], bool] | None = None,
                               start: dict[str, float] | None = None) -> dict[str, Residuals]:
     """Every GPU fitted together (shared tile-choice exponent fitted too): for each GPU g and model M of g
     (with `only(gpu, model)` true), refit everything without (g, M), predict M on g. Keyed by GPU
@@ -145,14 +142,13 @@ def leave_one_model_out_joint(folders: list[Folder], objective: Objective = DATA
                 continue
             rest = [(ms, g, b) if j != i else ([m for m in ms if m is not held], g, b)
                     for j, (ms, g, b) in enumerate(folders)]
-            p = fit_compute_joint(rest, objective, start).by_gpu[gpu.name].params
+            p = fit_compute_joint(rest, start).by_gpu[gpu.name].params
             out.setdefault(gpu.name, []).append(Residuals.of(held, predict_layer_sum(held, gpu, p)))
     return {g: Residuals.concat(parts) for g, parts in out.items()}
 
 
 def leave_one_gpu_out(folders: list[Folder], transfer: Callable[[GpuSpec, dict[str, CostParams]], CostParams],
-                      objective: Objective = DATA_LOSS, only: str | None = None,
-                      start: dict[str, float] | None = None) -> dict[str, Residuals]:
+                      only: str | None = None, start: dict[str, float] | None = None) -> dict[str, Residuals]:
     """For each GPU g (or only the one named): fit every other GPU together, take g's parameters
     from them through `transfer(g, fitted params by GPU)` (what an extrapolated profile gets),
     predict every model of g on g's datasheet figures. Needs at least two GPUs."""
@@ -163,7 +159,7 @@ def leave_one_gpu_out(folders: list[Folder], transfer: Callable[[GpuSpec, dict[s
         if only is not None and gpu.name != only:
             continue
         rest = [f for j, f in enumerate(folders) if j != i]
-        fitted = {name: f.params for name, f in fit_compute_joint(rest, objective, start).by_gpu.items()}
+        fitted = {name: f.params for name, f in fit_compute_joint(rest, start).by_gpu.items()}
         p = transfer(gpu, fitted)
         out[gpu.name] = Residuals.concat([Residuals.of(m, predict_layer_sum(m, gpu, p)) for m in models])
     return out

@@ -15,7 +15,7 @@ import yaml
 
 from simulator import __version__
 from simulator.calibration.data import STAT
-from simulator.calibration.fit import SHARED_PARAMS, round_sig
+from simulator.calibration.fit import GEMM_TILE_LOSS, SHARED_PARAMS, round_sig
 from simulator.calibration.gpu_fit import GpuFit, label
 from simulator.calibration.pool import nearest_donor, spec_distance
 from simulator.calibration.score import ErrorStats
@@ -65,7 +65,7 @@ def measured_section(fit: GpuFit, fit_date: str) -> dict[str, Any]:
         "rows": int(sum(len(m.tokens) for m in fit.models)),
         "data_folder_to_gpu": fit.folder_reason,
         "statistic": f"{STAT} of repeated timings (ms -> s), fp16",
-        "fit": f"scipy.optimize.least_squares (trf) on log(predicted/measured), {fit.objective.describe()} "
+        "fit": f"scipy.optimize.least_squares (trf) on log(predicted/measured), {GEMM_TILE_LOSS.describe()} "
                "on the GEMM tile step, linear loss on the weight-streaming (T <= 8), element-wise and "
                "all-reduce rows, parameters bounded by their physical ranges, all models together"
                + ("; each element-wise kind's per-GPU overhead and bandwidth efficiency partially pooled "

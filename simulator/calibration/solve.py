@@ -13,8 +13,9 @@ NOTE: the residuals of one fit are not independent (rows of one model share its 
 so these standard errors measure how well the data pin a parameter down *given the form*, not
 the model's error; the leave-one-model-out check (score.py) is the honest error figure.
 
-Invariants: deterministic (no RNG); `solve`'s default loss "linear" is plain least squares; the
-committed gpu_profiles were fitted with DATA_LOSS on the GEMM tile step (calibration/fit.py).
+Invariants: deterministic (no RNG); `solve`'s default loss "linear" is plain least squares (the
+one robust loss the committed fits use is the GEMM tile step's, fit.GEMM_TILE_LOSS); each
+parameter's stat records the loss it was fitted under.
 """
 
 from __future__ import annotations
@@ -50,14 +51,6 @@ class Objective:
 
 
 LEAST_SQUARES = Objective()
-# The committed profiles' loss on the GEMM tile step (calibration/fit.py, fit_gemm_joint step 2;
-# the other fits are least squares): soft-l1 with
-# f_scale 0.05 ~ quadratic for residuals within ~5 % (the per-model systematic scale, pool.py's
-# MODEL_SCALE), ~linear beyond, i.e. close to the mean absolute error the held-out targets use;
-# the GEMM rows where the library's tile choice jumps 20-50 % between neighbouring token counts
-# (docs/costmodel.md) then pull the tile costs less than a squared loss lets them.
-DATA_LOSS = Objective("soft_l1", 0.05)
-
 
 
 @dataclass(frozen=True)
@@ -73,13 +66,14 @@ class Param:
 
 @dataclass(frozen=True)
 class ParamStat:
-    """A fitted parameter's standard error (None on a bound, or when the data cannot pin it down)
-    and the residual degrees of freedom its t-interval uses."""
+    """A fitted parameter's standard error (None on a bound, or when the data cannot pin it down),
+    the residual degrees of freedom its t-interval uses and the loss it was fitted under."""
 
     std_error: float | None
     at_bound: str | None  # "lower" or "upper" when the optimum sits on that bound
     bound: float | None  # that bound's value
     dof: int
+    loss: Objective = LEAST_SQUARES
 
 
 @dataclass(frozen=True)
@@ -129,11 +123,11 @@ def solve(residual: Callable[[np.ndarray], np.ndarray], params: Sequence[Param],
     stats, k = {}, 0
     for i, p in enumerate(params):
         if free[i]:
-            stats[p.name] = ParamStat(std[k], None, None, dof)
+            stats[p.name] = ParamStat(std[k], None, None, dof, objective)
             k += 1
         else:
             side = "lower" if active[i] < 0 else "upper"
-            stats[p.name] = ParamStat(None, side, p.lower if side == "lower" else p.upper, dof)
+            stats[p.name] = ParamStat(None, side, p.lower if side == "lower" else p.upper, dof, objective)
     return Solution({p.name: float(v) for p, v in zip(params, values)}, stats, float(r @ r))
 
 

@@ -57,7 +57,7 @@ Per layer, per tensor-parallel shard. The operator names are those of the measur
    Assumptions (used unless `kvsim profile` measured attention on the GPU): attn_bandwidth_eff
    is the fitted GEMM weight-streaming efficiency (a decode reads the KV cache the way a skinny
    GEMM reads its weights), and attn_compute_eff = ATTN_TO_GEMM_COMPUTE * the main-loop
-   efficiency of the largest GEMM tile (calibration.fit.main_loop_eff: tensor work and feed):
+   efficiency of the largest GEMM tile (`main_loop_eff`: tensor work and feed):
    FlashAttention-2 reports 50-73 % of A100 peak in the forward pass (Dao 2023, abstract),
    mid-point ~0.62, against ~0.74 fitted for A100 GEMMs by the soft roofline -> ratio ~0.85.
 4. Tensor parallelism: two ring all-reduces of T*hidden activations per layer (after the O and
@@ -376,6 +376,15 @@ class GemmGeometry:
 def gemm_time(t: Any, k: Any, n: Any, dtype_bytes: float, chip: Chip, p: CostParams) -> np.ndarray:
     """Tile-model seconds for T x K @ K x N (zero when T = 0). See module docstring, item 1."""
     return GemmGeometry(t, k, n, dtype_bytes, chip).time(p)
+
+
+def main_loop_eff(p: CostParams, bm: int = 128, bn: int = 256, dtype_bytes: float = 2.0) -> float:
+    """Fraction of peak at which a bm x bn tile's main loop runs, tensor work and operand feed
+    (module docstring, item 1): 1 / (1 / gemm_compute_eff + r * (bm + bn) * dtype_bytes / (2 * bm * bn));
+    the default is the largest candidate tile, what a large GEMM runs at before memory and setup
+    (item 3: attention's compute efficiency is derived from it)."""
+    feed = p.gemm_feed_flop_per_byte * (bm + bn) * dtype_bytes / (2.0 * bm * bn)
+    return 1.0 / (1.0 / p.gemm_compute_eff + feed)
 
 
 def elementwise_time(t: Any, elems_per_token: Any, dtype_bytes: float, bandwidth: float,

@@ -41,7 +41,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -50,9 +50,6 @@ from simulator.config.registry import Registry
 from simulator.config.workload import WorkloadConfig
 from simulator.errors import ConfigError
 from simulator.workload.arrowio import numpy_column
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 # Optional per-request columns and their fill value when a part of a concatenation lacks them.
 OPTIONAL_COLUMNS = {"tenant": "", "tier": "", "session_id": -1, "turn": -1,
@@ -473,9 +470,10 @@ def read_numeric_csv(path: Path) -> dict[str, np.ndarray] | None:
     return cols
 
 
-def _read_table(path: Path, what: str) -> pd.DataFrame | dict[str, np.ndarray]:
-    """The file's columns: a plain numeric CSV as numpy columns (read_numeric_csv), anything
-    else as pandas reads it."""
+def _read_table(path: Path, what: str) -> dict[str, np.ndarray]:
+    """The file's columns as numpy arrays, by name: a plain numeric CSV as read_numeric_csv reads
+    it, anything else as pandas reads it (each column's `Series.to_numpy()`: numbers, or objects
+    to coerce); an empty file, one pandas cannot read and one with no rows are one-line errors."""
     if path.stat().st_size == 0:
         raise ConfigError(f"{what} {path}: empty file")
     is_json = path.suffix in (".jsonl", ".ndjson") or path.name.endswith((".jsonl.gz", ".ndjson.gz"))
@@ -486,47 +484,44 @@ def _read_table(path: Path, what: str) -> pd.DataFrame | dict[str, np.ndarray]:
     import pandas as pd
 
     try:
-        if is_json:
-            return pd.read_json(path, lines=True)
-        return pd.read_csv(path)
+        df = pd.read_json(path, lines=True) if is_json else pd.read_csv(path)
     except (pd.errors.EmptyDataError, pd.errors.ParserError, ValueError) as e:
         raise ConfigError(f"{what} {path}: cannot read ({e})") from None
+    if df.empty:
+        raise ConfigError(f"{what} {path}: no rows")
+    return {name: df[name].to_numpy() for name in df.columns}
 
 
-def _length_column(df: pd.DataFrame | dict[str, np.ndarray], col: str, path: Path,
-                   what: str) -> np.ndarray:
-    if col not in df:
-        raise ConfigError(f"{what} {path}: missing column {col!r}; columns: {list(df)}")
-    if isinstance(df, dict):  # read_numeric_csv's: int64 or finite float64 already
-        values = df[col].astype(np.float64)
+def _length_column(cols: dict[str, np.ndarray], col: str, path: Path, what: str) -> np.ndarray:
+    """Column `col` as float64 lengths, each >= 1: numbers as they are, anything else through
+    pandas.to_numeric (a cell that is not a number is NaN, so an error naming it)."""
+    if col not in cols:
+        raise ConfigError(f"{what} {path}: missing column {col!r}; columns: {list(cols)}")
+    raw = cols[col]
+    if raw.dtype.kind in "iuf":  # read_numeric_csv's int64 / float64, or a numeric pandas column
+        values = raw.astype(np.float64)
     else:
         import pandas as pd
 
-        values = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=np.float64)
+        values = np.asarray(pd.to_numeric(raw, errors="coerce"), dtype=np.float64)
     bad = np.flatnonzero(~np.isfinite(values) | (values < 1))
     if len(bad):
         row = int(bad[0])
-        cell = df[col][row] if isinstance(df, dict) else df[col].iloc[row]
         raise ConfigError(f"{what} {path}: row {row + 1} (line {row + 2}), column {col!r}: "
-                          f"{cell!r} is not a length >= 1")
+                          f"{raw[row]!r} is not a length >= 1")
     return values
 
 
 def load_column(path: str | Path, column: str) -> np.ndarray:
     p = resolve_path(path, "lengths file")
-    df = _read_table(p, "lengths file")
-    if not isinstance(df, dict) and df.empty:
-        raise ConfigError(f"lengths file {p}: no rows")
-    return _length_column(df, column, p, "lengths file")
+    return _length_column(_read_table(p, "lengths file"), column, p, "lengths file")
 
 
 def load_lengths_file(path: str | Path, prompt_col: str, output_col: str) -> tuple[np.ndarray, np.ndarray]:
     p = resolve_path(path, "lengths file")
-    df = _read_table(p, "lengths file")
-    if not isinstance(df, dict) and df.empty:
-        raise ConfigError(f"lengths file {p}: no rows")
-    return (_length_column(df, prompt_col, p, "lengths file").astype(np.int64),
-            _length_column(df, output_col, p, "lengths file").astype(np.int64))
+    cols = _read_table(p, "lengths file")
+    return (_length_column(cols, prompt_col, p, "lengths file").astype(np.int64),
+            _length_column(cols, output_col, p, "lengths file").astype(np.int64))
 
 
 # --- synthetic traffic -----------------------------------------------------------------------
