@@ -242,6 +242,87 @@ def test_runs_go_on_while_the_queue_head_cannot_be_admitted(mode):
     assert counts["loop"] <= admissions + preempting + 0.2 * counts["finished"], (counts, trace_steps)
 
 
+def _inline_steps(overrides: list[str]) -> tuple[int, int]:
+    """(runs, loop steps taken inside them) of one event-level run."""
+    import simulator.engine.scheduling.scheduler as sched_mod
+    from simulator.engine.advance import LoopStep
+    seen = [0, 0]
+    original = sched_mod.Scheduler.decode_run
+
+    def counting(self, *a, **k):
+        r = original(self, *a, **k)
+        if r is not None:
+            seen[0] += 1
+            seen[1] += sum(type(p) is LoopStep for p in r.parts)
+        return r
+    sched_mod.Scheduler.decode_run = counting
+    try:
+        run(build_config(None, [*overrides, "engine.advance=event"]))
+    finally:
+        sched_mod.Scheduler.decode_run = original
+    return seen[0], seen[1]
+
+
+@pytest.mark.parametrize("mode,inline", [
+    # saturated prefill-first (W3-like): a finish lets the queue's head in, the run takes that
+    # admission step and decodes on
+    (["engine.enable_chunked_prefill=false", "workload.arrival.rate=40"], True),
+    # ... with a small pool (the head often waits, preemptions)
+    (["engine.enable_chunked_prefill=false", "workload.arrival.rate=40",
+      "engine.num_gpu_blocks_override=400"], True),
+    # chunked prefill, synchronous: the step after a finish admits a chunk, the run ends there
+    (["engine.async_scheduling=false", "engine.max_num_batched_tokens=512", "workload.arrival.rate=40"],
+     True),
+    # three replicas: a router reads their state at each arrival, no loop step inside runs
+    (["engine.enable_chunked_prefill=false", "workload.arrival.rate=40", "cluster.replicas=3",
+      "cluster.router=least_outstanding"], False),
+])
+def test_runs_take_the_loop_step_after_a_finish(mode, inline):
+    """One replica with a waiting queue: the step after a run's finishing step (the queue's
+    head admitted) is taken inside the run as the loop takes it (advance.LoopStep), and the
+    run goes on when the batch then decodes again: same outputs and step traces."""
+    overrides = [*LIGHT, *mode, "workload.num_requests=120", "engine.max_num_seqs=8"]
+    with tempfile.TemporaryDirectory() as tmp:
+        step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
+        event, trace_e = _outputs(overrides, "event", Path(tmp) / "e")
+    assert event == step and trace_e == trace_s
+    runs, loop_steps = _inline_steps(overrides)
+    if inline:
+        assert loop_steps > 0.3 * runs, (runs, loop_steps)
+    else:
+        assert loop_steps == 0
+
+
+def test_runs_end_at_a_loop_step_no_single_delay_reaches(monkeypatch):
+    """Where no exact single SimPy delay reaches a loop step's end from the run's start, the run
+    ends with it and the replica waits to its start, then its duration (DecodeRun.then_s): the
+    same times as the loop's. Forced here by refusing every other exact delay."""
+    import simulator.engine.scheduling.scheduler as sched_mod
+    original = sched_mod.exact_delay
+    calls = [0]
+
+    def refusing(now, target):
+        calls[0] += 1
+        return None if calls[0] % 2 else original(now, target)
+    overrides = [*LIGHT, "engine.enable_chunked_prefill=false", "workload.arrival.rate=40",
+                 "workload.num_requests=80", "engine.max_num_seqs=8"]
+    decode_run = sched_mod.Scheduler.decode_run
+    waits = []
+
+    def counting(self, *a, **k):
+        r = decode_run(self, *a, **k)
+        if r is not None and r.then_s:
+            waits.append(r.then_s)
+        return r
+    with tempfile.TemporaryDirectory() as tmp:
+        step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
+        monkeypatch.setattr(sched_mod, "exact_delay", refusing)
+        monkeypatch.setattr(sched_mod.Scheduler, "decode_run", counting)
+        event, trace_e = _outputs(overrides, "event", Path(tmp) / "e")
+    assert event == step and trace_e == trace_s
+    assert calls[0] > 50 and waits  # some runs ended with a two-part wait
+
+
 @pytest.mark.parametrize("mode", [["engine.enable_chunked_prefill=false"],
                                   ["engine.async_scheduling=false", "engine.max_num_batched_tokens=512"]])
 def test_one_replica_runs_take_the_step_an_arrival_comes_in(mode):
