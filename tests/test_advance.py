@@ -264,6 +264,9 @@ def _inline_steps(overrides: list[str]) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("mode,inline", [
+    # light load prefill-first (W1-like): a request arrives into a quiet batch, the run takes
+    # its admission step and decodes on
+    (["engine.enable_chunked_prefill=false", "workload.arrival.rate=1.0"], True),
     # saturated prefill-first (W3-like): a finish lets the queue's head in, the run takes that
     # admission step and decodes on
     (["engine.enable_chunked_prefill=false", "workload.arrival.rate=40"], True),
@@ -277,10 +280,11 @@ def _inline_steps(overrides: list[str]) -> tuple[int, int]:
     (["engine.enable_chunked_prefill=false", "workload.arrival.rate=40", "cluster.replicas=3",
       "cluster.router=least_outstanding"], False),
 ])
-def test_runs_take_the_loop_step_after_a_finish(mode, inline):
-    """One replica with a waiting queue: the step after a run's finishing step (the queue's
-    head admitted) is taken inside the run as the loop takes it (advance.LoopStep), and the
-    run goes on when the batch then decodes again: same outputs and step traces."""
+def test_runs_take_the_loop_step(mode, inline):
+    """One replica: the loop's step where a run cannot go on by itself (after a finishing step
+    with a waiting queue, or a request that arrived and can be admitted) is taken inside the
+    run as the loop takes it (advance.LoopStep), and the run goes on when the batch then
+    decodes again: same outputs and step traces."""
     overrides = [*LIGHT, *mode, "workload.num_requests=120", "engine.max_num_seqs=8"]
     with tempfile.TemporaryDirectory() as tmp:
         step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
@@ -391,11 +395,25 @@ def test_decode_run_times_equal_step_time(model, gpu, tp):
             assert got.tolist() == want
 
 
+def test_decode_run_times_with_a_replaced_step_time():
+    """A cost model whose step_time is replaced (P/D's prefill cost, a test's fixed step):
+    advance's decode_run_times evaluates that step_time step by step, with the run's shapes."""
+    class Fixed(CostModel):
+        def step_time(self, shape: StepShape) -> float:
+            return 1e-3 * shape.num_tokens + 1e-9 * shape.kv_tokens + (shape.num_prefill_tokens == 0)
+
+    cost = Fixed(get_model("llama-2-7b"), get_gpu("a100-80gb"), 1)
+    got = decode_run_times(cost, 4, 1000, 6)
+    assert got.tolist() == [1e-3 * 4 + 1e-9 * e + 1 for e in range(1000, 1024, 4)]
+
+
 def _run_durations(cost: CostModel, m: int, first: int, k: int) -> tuple[list[float], list[float]]:
     """decode_run_times of a run's k steps from KV entries `first` on, and step_time's."""
     kv = np.arange(first, first + m * k, m, dtype=np.int64)
     got = cost.decode_run_times(m, first, k)
     assert len(got) == k
+    if m in cost._decode_tables:  # a view of the table: read-only
+        assert not got.flags.writeable
     return (got.tolist(), [cost.step_time(StepShape(m, m, float(e), int(e), m, 0)) for e in kv])
 
 
