@@ -412,8 +412,8 @@ def _run_durations(cost: CostModel, m: int, first: int, k: int) -> tuple[list[fl
     kv = np.arange(first, first + m * k, m, dtype=np.int64)
     got = cost.decode_run_times(m, first, k)
     assert len(got) == k
-    if m in cost._decode_tables:  # a view of the table: read-only
-        assert not got.flags.writeable
+    if not got.flags.owndata:  # a view of a table: read-only
+        assert not got.flags.writeable and m in cost._decode_tables
     return (got.tolist(), [cost.step_time(StepShape(m, m, float(e), int(e), m, 0)) for e in kv])
 
 
