@@ -242,6 +242,91 @@ def test_runs_go_on_while_the_queue_head_cannot_be_admitted(mode):
     assert counts["loop"] <= admissions + preempting + 0.2 * counts["finished"], (counts, trace_steps)
 
 
+def _inline_steps(overrides: list[str]) -> tuple[int, int]:
+    """(runs, loop steps taken inside them) of one event-level run."""
+    import simulator.engine.scheduling.scheduler as sched_mod
+    from simulator.engine.advance import LoopStep
+    seen = [0, 0]
+    original = sched_mod.Scheduler.decode_run
+
+    def counting(self, *a, **k):
+        r = original(self, *a, **k)
+        if r is not None:
+            seen[0] += 1
+            seen[1] += sum(type(p) is LoopStep for p in r.parts)
+        return r
+    sched_mod.Scheduler.decode_run = counting
+    try:
+        run(build_config(None, [*overrides, "engine.advance=event"]))
+    finally:
+        sched_mod.Scheduler.decode_run = original
+    return seen[0], seen[1]
+
+
+@pytest.mark.parametrize("mode,inline", [
+    # light load prefill-first (W1-like): a request arrives into a quiet batch, the run takes
+    # its admission step and decodes on
+    (["engine.enable_chunked_prefill=false", "workload.arrival.rate=1.0"], True),
+    # saturated prefill-first (W3-like): a finish lets the queue's head in, the run takes that
+    # admission step and decodes on
+    (["engine.enable_chunked_prefill=false", "workload.arrival.rate=40"], True),
+    # ... with a small pool (the head often waits, preemptions)
+    (["engine.enable_chunked_prefill=false", "workload.arrival.rate=40",
+      "engine.num_gpu_blocks_override=400"], True),
+    # chunked prefill, synchronous: the step after a finish admits a chunk, the run ends there
+    (["engine.async_scheduling=false", "engine.max_num_batched_tokens=512", "workload.arrival.rate=40"],
+     True),
+    # three replicas: a router reads their state at each arrival, no loop step inside runs
+    (["engine.enable_chunked_prefill=false", "workload.arrival.rate=40", "cluster.replicas=3",
+      "cluster.router=least_outstanding"], False),
+])
+def test_runs_take_the_loop_step(mode, inline):
+    """One replica: the loop's step where a run cannot go on by itself (after a finishing step
+    with a waiting queue, or a request that arrived and can be admitted) is taken inside the
+    run as the loop takes it (advance.LoopStep), and the run goes on when the batch then
+    decodes again: same outputs and step traces."""
+    overrides = [*LIGHT, *mode, "workload.num_requests=120", "engine.max_num_seqs=8"]
+    with tempfile.TemporaryDirectory() as tmp:
+        step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
+        event, trace_e = _outputs(overrides, "event", Path(tmp) / "e")
+    assert event == step and trace_e == trace_s
+    runs, loop_steps = _inline_steps(overrides)
+    if inline:
+        assert loop_steps > 0.3 * runs, (runs, loop_steps)
+    else:
+        assert loop_steps == 0
+
+
+def test_runs_end_at_a_loop_step_no_single_delay_reaches(monkeypatch):
+    """Where no exact single SimPy delay reaches a loop step's end from the run's start, the run
+    ends with it and the replica waits to its start, then its duration (DecodeRun.then_s): the
+    same times as the loop's. Forced here by refusing every other exact delay."""
+    import simulator.engine.scheduling.scheduler as sched_mod
+    original = sched_mod.exact_delay
+    calls = [0]
+
+    def refusing(now, target):
+        calls[0] += 1
+        return None if calls[0] % 2 else original(now, target)
+    overrides = [*LIGHT, "engine.enable_chunked_prefill=false", "workload.arrival.rate=40",
+                 "workload.num_requests=80", "engine.max_num_seqs=8"]
+    decode_run = sched_mod.Scheduler.decode_run
+    waits = []
+
+    def counting(self, *a, **k):
+        r = decode_run(self, *a, **k)
+        if r is not None and r.then_s:
+            waits.append(r.then_s)
+        return r
+    with tempfile.TemporaryDirectory() as tmp:
+        step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
+        monkeypatch.setattr(sched_mod, "exact_delay", refusing)
+        monkeypatch.setattr(sched_mod.Scheduler, "decode_run", counting)
+        event, trace_e = _outputs(overrides, "event", Path(tmp) / "e")
+    assert event == step and trace_e == trace_s
+    assert calls[0] > 50 and waits  # some runs ended with a two-part wait
+
+
 @pytest.mark.parametrize("mode", [["engine.enable_chunked_prefill=false"],
                                   ["engine.async_scheduling=false", "engine.max_num_batched_tokens=512"]])
 def test_one_replica_runs_take_the_step_an_arrival_comes_in(mode):
@@ -310,11 +395,25 @@ def test_decode_run_times_equal_step_time(model, gpu, tp):
             assert got.tolist() == want
 
 
+def test_decode_run_times_with_a_replaced_step_time():
+    """A cost model whose step_time is replaced (P/D's prefill cost, a test's fixed step):
+    advance's decode_run_times evaluates that step_time step by step, with the run's shapes."""
+    class Fixed(CostModel):
+        def step_time(self, shape: StepShape) -> float:
+            return 1e-3 * shape.num_tokens + 1e-9 * shape.kv_tokens + (shape.num_prefill_tokens == 0)
+
+    cost = Fixed(get_model("llama-2-7b"), get_gpu("a100-80gb"), 1)
+    got = decode_run_times(cost, 4, 1000, 6)
+    assert got.tolist() == [1e-3 * 4 + 1e-9 * e + 1 for e in range(1000, 1024, 4)]
+
+
 def _run_durations(cost: CostModel, m: int, first: int, k: int) -> tuple[list[float], list[float]]:
     """decode_run_times of a run's k steps from KV entries `first` on, and step_time's."""
     kv = np.arange(first, first + m * k, m, dtype=np.int64)
     got = cost.decode_run_times(m, first, k)
     assert len(got) == k
+    if not got.flags.owndata:  # a view of a table: read-only
+        assert not got.flags.writeable and m in cost._decode_tables
     return (got.tolist(), [cost.step_time(StepShape(m, m, float(e), int(e), m, 0)) for e in kv])
 
 

@@ -170,11 +170,15 @@ BAD_INPUTS = [
     (["run", "--set", "foo"], "--set expects key=value, got 'foo'"),
     (["run", "--seeds", "0"], "--seeds must be an integer >= 1, got 0"),
     (["run", "--seed", "abc"], "kvsim run: error: argument --seed: invalid int value: 'abc'"),
-    (["run", "--metrics-interval-s", "-1"], "--metrics-interval-s must be a number of seconds >= 0.001 "
-                                            "(Prometheus stores milliseconds), got -1"),
-    (["run", "--metrics-interval-s", "0"], "--metrics-interval-s must be a number of seconds >= 0.001"),
-    (["run", "--metrics-interval-s", "nan"], "--metrics-interval-s must be a number of seconds >= 0.001 "
-                                             "(Prometheus stores milliseconds), got nan"),
+    (["run", "--metrics-interval-s", "-1"], "--metrics-interval-s must be a finite number of seconds "
+                                            ">= 0.001 (Prometheus stores milliseconds), got -1.0"),
+    (["run", "--metrics-interval-s", "0"], "--metrics-interval-s must be a finite number of seconds "
+                                           ">= 0.001"),
+    (["run", "--metrics-interval-s", "nan"], "--metrics-interval-s must be a finite number of seconds "
+                                             ">= 0.001 (Prometheus stores milliseconds), got nan"),
+    (["run", "--metrics-interval-s", "0.0009999999"], "got 0.0009999999"),
+    (["run", "--metrics-interval-s", "inf"], "must be a finite number of seconds >= 0.001 "
+                                             "(Prometheus stores milliseconds), got inf"),
     (["run", "--bogus"], "kvsim run: error: unrecognized arguments: --bogus"),
     (["workload", "inspect", "nosuch.csv", "--no-png"], "trace nosuch.csv: not found"),
     (["workload", "inspect", "nosuch.yaml", "--no-png"], "config file nosuch.yaml: not found"),

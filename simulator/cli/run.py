@@ -138,8 +138,8 @@ def main(args: argparse.Namespace) -> int:
             check_interval(args.metrics_interval_s)
         except ConfigError:
             # NOTE: named as the user typed it (check_interval names the writer's interval_s)
-            raise ConfigError(f"--metrics-interval-s must be a number of seconds >= 0.001 (Prometheus "
-                              f"stores milliseconds), got {args.metrics_interval_s:g}") from None
+            raise ConfigError(f"--metrics-interval-s must be a finite number of seconds >= 0.001 "
+                              f"(Prometheus stores milliseconds), got {args.metrics_interval_s!r}") from None
     if args.seeds < 1:
         raise ConfigError(f"--seeds must be an integer >= 1, got {args.seeds}")
     check_out_dir(args.out, "--out")

@@ -882,9 +882,10 @@ class CostModel:
         decodes of m requests whose attention pairs and KV entries are both first + m j at step
         j (exact integers). Looked up in a per-size table of every entry count (`_decode_table`)
         where one is built, else computed; either way step_time's values element for element.
-        NOTE: the lookup is a strided view of the table: callers must not write into it."""
-        if self._ext:
-            kv = np.arange(first, first + m * k, m, dtype=np.int64)[:k]
+        NOTE: the lookup is a strided view of the table (read-only: a write would change every
+        later run of size m); a view keeps its table alive after the table is replaced."""
+        if self._ext:  # (the fixed-shape path and its tables have no windowed or MLA terms)
+            kv = np.arange(first, first + m * k, m, dtype=np.int64)
             return self.step_times(m, m, kv, kv, m, 0, window_kv_tokens)
         end = first + m * k  # (one past the last step's entries, first + m (k - 1))
         table = self._decode_tables.get(m)
@@ -892,7 +893,7 @@ class CostModel:
             table = self._decode_table(m, end - m)
         if table is not None:
             return table[first:end:m]
-        kv = np.arange(first, end, m, dtype=np.int64)[:k]
+        kv = np.arange(first, end, m, dtype=np.int64)
         return self._fixed_shape_step_times(m, m, kv, kv, m, 0)
 
     def _decode_table(self, m: int, top: int) -> np.ndarray | None:
@@ -911,6 +912,7 @@ class CostModel:
             return None
         entries = np.arange(size, dtype=np.float64)
         table = self._decode_tables[m] = self._fixed_shape_step_times(m, m, entries, entries, m, 0)
+        table.flags.writeable = False  # (decode_run_times hands out views of it)
         return table
 
     def _fixed_shape_step_times(self, t: int, s: int, pairs: np.ndarray, kv: np.ndarray, seqs: int,

@@ -136,9 +136,9 @@ class PagedAllocator(PoolClock):
                             ) -> list[int]:
         """allocate_slots for running requests in order, stopping at the first that does not
         fit; returns the capacities of those served. Same blocks, same order as one call each:
-        running requests have no pending prefix hits, so each just pops its new blocks. One pass
-        finds what each needs, the blocks are popped at once and handed out in order, then (with
-        prefix caching) each served request's newly full blocks are hashed.
+        running requests have no pending prefix hits, so each just pops its new blocks. A first
+        loop finds what each needs, the blocks are popped at once, and a second hands them out
+        in order and (with prefix caching) hashes each served request's newly full blocks.
         `num_tokens`: each request's current token count (default req.num_tokens)."""
         bs = self.block_size
         tables = self.req_to_blocks
@@ -151,13 +151,13 @@ class PagedAllocator(PoolClock):
             table = tables.get(req.req_id)
             held = len(table) if table else 0
             need = -(-(c + n) // bs) - held
-            if need > room - total:
-                break
-            total += need
             if need > 0:
+                if need > room - total:
+                    break
+                total += need
                 held += need
                 grow.append((k, req, table, need))
-            elif table is None or caching:
+            elif table is None or caching:  # (one holding more than it needs takes none)
                 grow.append((k, req, table, 0))
             caps.append(held * bs)
         new = self.pool.get_new_blocks(total) if total else []

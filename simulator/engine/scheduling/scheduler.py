@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from simulator.engine.advance import DecodeRun, RunPart, exact_delay
+from simulator.engine.advance import DecodeRun, LoopStep, RunPart, exact_delay
 from simulator.engine.costmodel import StepShape, window_kv_sums
 from simulator.engine.protocols import (
     Batch,
@@ -63,6 +63,10 @@ from simulator.workload.request import Request, Status
 _ZERO = np.int64(0)  # a decode run's constant columns (numpy scalars are immutable)
 _ZERO_S = np.float64(0.0)
 _NO_EVENTS = np.zeros(0, np.int64)  # a run whose steps take no block (never written)
+# _summarise sums the unscheduled's computed tokens in Python up to this many (~0.25 us each)
+# and the scheduled's reach over numpy beyond (~4 us whatever the count; 250 unscheduled in
+# Python took 31 us)
+_PY_SUM_MAX = 16
 
 if TYPE_CHECKING:
     from simulator.engine.kvcache.offload import OffloadConnector
@@ -139,7 +143,7 @@ class Scheduler:
         self._quiet = False  # ... and it committed with no finish and no arrival during it
         # (end, next arrival) of the last decode run when that arrival cut it: a run asked for at
         # that end with the same arrival ahead would find its first step ending past it, so it
-        # is not tried (None is always exact: the loop is the reference; this saves step_times)
+        # is not tried (None is always exact: the loop is the reference; this saves run_times)
         self._cut_at: tuple[float, float] | None = None
         # P/D (engine/disagg.py): a prefill replica keeps a finished request's blocks for the
         # KV transfer (vLLM's connector request_finished -> delay_free_blocks); disagg frees them
@@ -545,7 +549,7 @@ class Scheduler:
                 # NOTE: the sum over all less the unscheduled's (their reach is their computed):
                 # in Python when they are few (past the budget or with their last token in
                 # flight), else over numpy (a batch past a small budget)
-                if m - num_seqs <= 16:
+                if m - num_seqs <= _PY_SUM_MAX:
                     kv_tokens = c_sum + t - sum(map(c.item, (~scheduled).nonzero()[0].tolist()))
                 else:
                     kv_tokens = (reach[scheduled] @ ones[:num_seqs]).item()
@@ -773,9 +777,10 @@ class Scheduler:
         self._quiet = self._pure and not finished
         return finished
 
-    def decode_run(self, now: float, until_s: float, step_times: Callable[..., np.ndarray],
+    def decode_run(self, now: float, until_s: float, run_times: Callable[..., np.ndarray],
                    max_steps: int = 4096, inflight_s: float | None = None,
-                   straddle: bool = False) -> DecodeRun | None:
+                   straddle: bool = False, step_time: Callable[[StepShape], float] | None = None,
+                   traced: bool = False) -> DecodeRun | None:
         """The next k pure-decode steps at once (engine/advance.py), or None when the next step
         may differ from the last (the caller then steps). Steps:
         1. precondition: the last step was a pure decode of every running request, committed
@@ -785,11 +790,13 @@ class Scheduler:
         2. the run goes in parts, each up to and including the next finishing step (the step
            that gives a request its last token), <= max_steps in all; after a finishing step
            it goes on only where the loop's next step is sure to be a pure decode of those left
-           (`_runs_past_finish`);
+           (`_runs_past_finish`), or, given `step_time` (one replica), after taking that next
+           step as the loop takes it (`_inline_step`: e.g. the prefill-first admission of the
+           queue's head) where the batch then decodes again;
         3. per part, the blocks the steps take, in the loop's order (step, then running order):
            request i needs one at steps capacity - computed + q * block_size; the part stops
            before the step whose block the free queue (`decode_room`) cannot give;
-        4. the durations (`step_times`: CostModel.decode_run_times' signature) and start times
+        4. the durations (`run_times`: CostModel.decode_run_times' signature) and start times
            (sequential float sums, as SimPy adds them); the run stops so its last step ends
            strictly before `until_s` (the next arrival), or with `straddle` (an arrival only
            joins the queue) at the step that ends after it, unless that step finishes someone;
@@ -798,37 +805,58 @@ class Scheduler:
            a finishing step then finishes its requests as commit does (`_finish_in_run`: KV
            freed in running order, popped first by the next part's steps)."""
         if self.async_scheduling:
-            return self._decode_run_async(now, until_s, step_times, max_steps, inflight_s, straddle)
+            return self._decode_run_async(now, until_s, run_times, max_steps, inflight_s, straddle)
         rb = self.running
         m = rb.m
         if not m or self._cut_at == (now, until_s):
             return None
         kv = self.kv
-        if not self._quiet:
-            # an empty queue admits nobody whatever the free blocks, nor does one whose head
-            # cannot be admitted now (free blocks only fall in a run, arrivals join the tail):
-            # a batch of decodes only (each one token to compute, the budget holding them
-            # all) decodes again
-            if (self.kv_holding or m > self.max_num_batched_tokens
-                    or (len(self.queue) and not self._head_waits(m))
-                    or _nnz(rb.tokens[:m] - rb.computed[:m] == 1) < m
-                    or _nnz(rb.num_out[:m]) < m):
-                return None
         room = kv.decode_room()
         if room is None:
             return None
         # a finishing step may run here unless something outside reads it (offload offers,
         # P/D's kept blocks)
         finishes = self.offload is None and not self.delay_free_blocks
+        # the loop's own step may be taken here (one replica: an arrival only joins the fcfs
+        # queue; nothing outside watches the steps) where, with m decodes and a free block
+        # each, it schedules something and preempts nobody (prefill-first admits whole prompts
+        # that fit, or the batch decodes)
+        inline = (step_time if straddle and finishes and self._arrival_joins_tail
+                  and not (self.watched_finishes or self.kv_holding) else None)
+        loop_step = False  # the next thing the run does is the loop's step
+        if not self._quiet and not self._decodes_again(m):
+            if inline is None or room < m:
+                return None
+            loop_step = True  # (e.g. the admission of a request that just arrived)
         past = finishes and self._runs_past_finish()
-        parts: list[RunPart] = []
+        parts: list[RunPart | LoopStep] = []
         all_starts: list[np.ndarray] = []
         t = now
         steps = 0
-        delay = 0.0
+        delay = then_s = 0.0
         straddled = False
         carry = None  # what the last part's finishing step left: (KV stats, sum computed, sum capacity)
         while True:
+            if loop_step:
+                loop_step = False
+                step = self._inline_step(t, inline, traced)
+                parts.append(step)
+                steps += 1
+                end = t + step.duration_s  # (as SimPy adds the loop's delay)
+                all_starts.append(np.array([t, end]))
+                # the delay to its end; else (rare) the replica waits to its start (a part's end,
+                # exact), then its duration
+                exact = step.duration_s if t == now else exact_delay(now, end)
+                delay, then_s = (delay, step.duration_s) if exact is None else (exact, 0.0)
+                t = end
+                if end >= until_s:  # it straddles the arrival (one replica): the run ends here
+                    straddled = True
+                    break
+                if steps >= max_steps or not rb.m or not self._decodes_again(rb.m):
+                    break
+                past = self._runs_past_finish()
+                room = kv.decode_room()
+                carry = None
             m = rb.m
             left = int(_min(rb.target_out[:m] - rb.num_out[:m]))  # steps through the next finish
             k = min(left if finishes else left - 1, max_steps - steps)  # 2.
@@ -841,7 +869,7 @@ class Scheduler:
             if carry is None:
                 carry = (None, *rb.computed_and_capacity(m))
             c_sum = carry[1]  # 4.
-            _, durations = self._decode_shapes(k, c_sum, step_times)
+            _, durations = self._decode_shapes(k, c_sum, run_times)
             starts = np.empty(k + 1)
             starts[0] = t
             starts[1:] = durations
@@ -850,6 +878,7 @@ class Scheduler:
             if cut is None:
                 break
             k, delay, straddled = cut
+            then_s = 0.0
             starts, durations = starts[:k + 1], durations[:k]
             reqs = list(rb.reqs)
             columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum, reqs,
@@ -861,15 +890,44 @@ class Scheduler:
                 finished, carry = [], None
             steps += k
             t = float(starts[k])
-            room = self._next_part(parts, all_starts, RunPart(columns, gaps, reqs, finished), starts,
+            part = RunPart(columns, gaps, reqs, finished)
+            if (finished and not past and inline is not None and not straddled and steps < max_steps
+                    and rb.m and kv.decode_room() >= rb.m):
+                parts.append(part)  # then the loop's step after this finishing one
+                all_starts.append(starts)
+                loop_step = True
+                continue
+            room = self._next_part(parts, all_starts, part, starts,
                                    straddled or not past or steps >= max_steps)
             if room is None:
                 break
         if not parts:
             return None
-        self._pure = True  # as the loop leaves it after the run's last step
-        self._quiet = not parts[-1].finished
-        return DecodeRun(delay, self._run_starts(all_starts), parts, straddles=straddled)
+        if type(parts[-1]) is RunPart:
+            self._pure = True  # as the loop leaves it after the run's last step
+            self._quiet = not parts[-1].finished
+        return DecodeRun(delay, self._run_starts(all_starts), parts, straddles=straddled, then_s=then_s)
+
+    def _decodes_again(self, m: int) -> bool:
+        """decode_run's second precondition: an empty queue admits nobody whatever the free
+        blocks, nor does one whose head cannot be admitted now (free blocks only fall in a run,
+        arrivals join the tail): a batch of m decodes only (each one token to compute, at least
+        one output, the budget holding them all) decodes again."""
+        rb = self.running
+        return not (self.kv_holding or m > self.max_num_batched_tokens
+                    or (len(self.queue) and not self._head_waits(m))
+                    or _nnz(rb.tokens[:m] - rb.computed[:m] == 1) < m
+                    or _nnz(rb.num_out[:m]) < m)
+
+    def _inline_step(self, now: float, step_time: Callable[[StepShape], float], traced: bool) -> LoopStep:
+        """The loop's step at `now`, taken inside a sync decode run (Replica.run's steps 2-4:
+        schedule, the cost model's duration plus swap time, commit at its end), with what the
+        loop records and traces after it."""
+        batch = self.schedule(now)
+        scheduled = self.scheduled() if traced else None
+        duration = step_time(batch.shape) + (batch.swap_s or 0.0)
+        finished = self.commit(now + duration)
+        return LoopStep(now, duration, batch, finished, self.stats(), scheduled)
 
     def _head_waits(self, m: int) -> bool:
         """Whether the next step's admission (step 3 of `schedule`, or the prompts of
@@ -951,7 +1009,7 @@ class Scheduler:
                 columns[name] = col
         return finished, (stats, c_left, cap_left)
 
-    def _decode_run_async(self, now: float, until_s: float, step_times: Callable[..., np.ndarray],
+    def _decode_run_async(self, now: float, until_s: float, run_times: Callable[..., np.ndarray],
                           max_steps: int, inflight_s: float | None, straddle: bool
                           ) -> DecodeRun | None:
         """decode_run under async scheduling: with step X in flight (started at `now`, lasting
@@ -1014,7 +1072,7 @@ class Scheduler:
             c_sum = int(_sum(c0)) if carry is None else carry[1]  # 4.
             n_pure = min(k, q)
             if n_pure:
-                w_next, d_next = self._decode_shapes(n_pure, c_sum, step_times)
+                w_next, d_next = self._decode_shapes(n_pure, c_sum, run_times)
             if k > q and not m_next:  # an empty schedule: nothing to run
                 d_sched = np.concatenate((d_next[:n_pure], [0.0])) if n_pure else np.zeros(1)
             elif k > q:  # the finishing turn schedules those left (their computed then: c + q)
@@ -1022,8 +1080,8 @@ class Scheduler:
                 kv_skip = int(_sum(c_left)) + m_next
                 w_skip = (-1 if not self.window_tokens else
                           int(window_kv_sums(c_left, np.ones(1, np.int64), self.window_tokens)[0]))
-                d_skip = (step_times(m_next, kv_skip, 1) if w_skip < 0 else
-                          step_times(m_next, kv_skip, 1, np.array([w_skip])))
+                d_skip = (run_times(m_next, kv_skip, 1) if w_skip < 0 else
+                          run_times(m_next, kv_skip, 1, np.array([w_skip])))
                 d_sched = np.concatenate((d_next[:n_pure], d_skip)) if n_pure else d_skip
             else:
                 d_sched = d_next
@@ -1038,8 +1096,9 @@ class Scheduler:
             starts = starts[:k + 1]
             durations = np.concatenate(([d_inflight], d_sched[:k - 1]))
             reqs = list(rb.reqs)
+            stats, cap0 = (None, None) if carry is None else (carry[0], carry[2])
             columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum, reqs,  # 5.
-                                                   *(carry[::2] if carry is not None else ()))
+                                                   stats, cap0)
             rb.n[:m] = 1
             if k > q:  # the finishing turn: those skipped took q schedules, their last resolved
                 done = ~survivors
@@ -1098,18 +1157,18 @@ class Scheduler:
             return parts[0]
         return np.concatenate([*(x[:-1] for x in parts[:-1]), parts[-1]])
 
-    def _decode_shapes(self, k: int, c_sum: int, step_times: Callable[..., np.ndarray]
+    def _decode_shapes(self, k: int, c_sum: int, run_times: Callable[..., np.ndarray]
                        ) -> tuple[np.ndarray | None, np.ndarray]:
         """decode_run's step 4 shapes: k decode steps of the running batch have attention pairs
         and KV entries both C + m (j + 1) at step j (exact integers; C = c_sum); for sliding
         layers the windowed entries, min(c + j + 1, window) summed per request (else None); and
-        the steps' durations from `step_times` (CostModel.decode_run_times' signature)."""
+        the steps' durations from `run_times` (CostModel.decode_run_times' signature)."""
         rb = self.running
         m = rb.m
         if not self.window_tokens:
-            return None, step_times(m, c_sum + m, k)
+            return None, run_times(m, c_sum + m, k)
         window = window_kv_sums(rb.computed[:m], np.arange(1, k + 1, dtype=np.int64), self.window_tokens)
-        return window, step_times(m, c_sum + m, k, window)
+        return window, run_times(m, c_sum + m, k, window)
 
     def _cut_to_arrival(self, now: float, until_s: float, starts: np.ndarray, k: int, straddle: int = 0
                         ) -> tuple[int, float, bool] | None:
