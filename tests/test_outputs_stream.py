@@ -158,13 +158,15 @@ def _time_weighted_reference(fn: StepFunction, t0: float, t1: float) -> dict:
     return {"mean": float(v @ w / total), "p95": p95, "max": float(recorded.max())}
 
 
-@pytest.mark.parametrize("ranges", [True, False])
+@pytest.mark.parametrize("path", ["key totals", "ranges", "order"])
 @pytest.mark.parametrize("seed", range(6))
-def test_lean_time_weighting_equals_the_definition(seed, ranges, monkeypatch):
-    """Chunked cumulative sums, radix-sorted integer keys, code keys visited by ranges (as a
-    long run's) or in one order: the same p95, bit for bit."""
+def test_lean_time_weighting_equals_the_definition(seed, path, monkeypatch):
+    """Chunked cumulative sums, integer keys by their totals, radix-sorted, or visited by code
+    ranges (as a long run's) or in one order: the same p95, bit for bit."""
     monkeypatch.setattr(ts_mod, "_ORDER_CHUNK", 97)
-    monkeypatch.setattr(ts_mod, "_RANGES_ABOVE", 0 if ranges else 1 << 40)
+    monkeypatch.setattr(ts_mod, "_RANGES_ABOVE", 0 if path == "ranges" else 1 << 40)
+    if path != "key totals":
+        monkeypatch.setattr(ts_mod, "_p95_by_key_totals", lambda *a: None)
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 3000))
     times = np.cumsum(rng.exponential(0.01, n)) + rng.uniform(0, 1)
@@ -186,6 +188,30 @@ def test_lean_time_weighting_equals_the_definition(seed, ranges, monkeypatch):
     assert got == _time_weighted_reference(fn, float(times[0]), float(times[-1]))
     keys = rng.integers(-5, 300, 1000).astype(np.int16)
     assert np.array_equal(stable_order(keys), np.argsort(keys, kind="stable"))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_p95_by_key_totals_defers_at_a_key_boundary(seed, monkeypatch):
+    """Where 95 % of the time falls on the boundary between two keys (or within rounding of
+    it), the key totals cannot tell which key the ordered sum reaches it in: they defer (None)
+    and the p95 is the ordered cumulation's, as the definition gives; elsewhere they find it."""
+    monkeypatch.setattr(ts_mod, "_ORDER_CHUNK", 61)
+    rng = np.random.default_rng(seed)
+    n = 400
+    key = rng.integers(0, 5, n)
+    w = rng.uniform(0, 1, n)
+    w[key == 4] *= 0.05 * w[key != 4].sum() / (0.95 * w[key == 4].sum())  # the top key: 5 %
+    total = float(w.sum())
+    order = np.argsort(key, kind="stable")
+    cum = np.cumsum(w[order])
+    want = float(key[order][min(int(np.searchsorted(cum, 0.95 * total, side="left")), n - 1)])
+    assert weighted_stats(key.astype(np.float64), w, total, key)["p95"] == want
+    # a boundary exactly at 95 %: 95 parts of the weight on key 0, 5 on key 1
+    w2, k2 = np.array([95.0, 2.0, 3.0]), np.array([0, 1, 1])
+    assert ts_mod._p95_by_key_totals(w2, k2, 0.95 * float(w2.sum()), 2) is None
+    assert weighted_stats(k2.astype(np.float64), w2, float(w2.sum()), k2)["p95"] == 0.0
+    assert ts_mod._p95_by_key_totals(np.array([90.0, 2.0, 8.0]), k2, 95.0, 2) == 1
+    assert ts_mod._p95_by_key_totals(np.array([-1.0, 2.0, 8.0]), k2, 8.55, 2) is None  # negative
 
 
 def _firings_reference(rule: AlertRule, fn: StepFunction, t0: float, t1: float) -> list:
