@@ -422,3 +422,19 @@ def test_token_gaps_sort_as_the_floats_do(signed, monkeypatch):
     got_v, got_c = rec.token_gaps()
     assert np.array_equal(got_v.view(np.uint64), v[order].view(np.uint64))
     assert np.array_equal(got_c, c[order])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_positions_in_is_searchsorted(seed):
+    """A coded column's read-back lookup gives np.searchsorted's positions for table entries
+    (evenly spaced as kv_usage's, or crowded into one bucket) and for any other value."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 5000))
+    tables = [np.unique(1 - rng.integers(0, 9000, n) / 8999),
+              np.unique(np.concatenate([rng.random(n) * 1e-9, rng.random(50), [0.0, 3.0]]))]
+    for table in tables:
+        values = np.concatenate([table[rng.integers(0, len(table), 20_000)], rng.random(500) * 5 - 1,
+                                 [np.nan, np.inf, -np.inf, -0.0, 0.0]])
+        for t in (table, table[:1]):
+            assert np.array_equal(steps_mod.positions_in(t, values), np.searchsorted(t, values))
+    assert steps_mod.positions_in(np.zeros(0), np.array([1.0])).tolist() == [0]
