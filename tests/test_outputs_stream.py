@@ -392,6 +392,7 @@ def _openmetrics_reference(requests, iterations, interval_s, labels, start_unix_
 @pytest.mark.parametrize("labels", [{}, {"model_name": 'Llama "é" 7b\\x', "b": "2"}])
 def test_openmetrics_text_matches_the_line_by_line_definition(tmp_path, monkeypatch, labels):
     monkeypatch.setattr(ts_mod, "_CHUNK_SAMPLES", 5)
+    monkeypatch.setattr(ts_mod, "_JOIN_PIECES", 7)
     res = run(_config(["engine.enable_prefix_caching=true"]))
     want = _openmetrics_reference(res.requests, res.steps, 0.25, labels, 1.7e9)
     assert ts_mod.to_openmetrics(res.requests, res.steps, interval_s=0.25, labels=labels,
