@@ -151,7 +151,7 @@ def weighted_stats(v: np.ndarray, w: np.ndarray, total: float,
         return {"mean": None, "p95": None, "max": top}
     target = 0.95 * total
     pos = None
-    if key is not None and len(key) and key.dtype.kind in "iu" \
+    if key is not None and len(key) and key.dtype.kind in "iu" and np.can_cast(key.dtype, np.intp) \
             and 0 <= int(key.min()) and (top_key := int(key.max())) < 1 << 16:
         pos = _p95_by_key_totals(w, key, target, top_key + 1)
         if pos is None and len(key) > _RANGES_ABOVE:
