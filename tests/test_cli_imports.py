@@ -4,6 +4,7 @@ matplotlib, simpy, ...): a test of what is imported, not of timing. And `python 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -81,3 +82,23 @@ def test_python_m_simulator_bad_input_is_one_line_exit_2():
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert proc.stderr.startswith("kvsim: error: unknown GPU 'h1000'")
+
+
+def test_cli_sets_library_defaults_before_numpy_and_keeps_the_users():
+    """The command line's environment defaults (main.py: pydantic plug-ins off, OpenBLAS workers
+    that sleep at once) are in place before numpy is imported, and a value the user set is kept."""
+    code = """
+import json, os, sys
+import simulator.cli.main
+print(json.dumps(dict(numpy="numpy" in sys.modules, blas=os.environ["OPENBLAS_THREAD_TIMEOUT"],
+                      pydantic=os.environ["PYDANTIC_DISABLE_PLUGINS"])))
+"""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_THREAD_TIMEOUT", "PYDANTIC_DISABLE_PLUGINS")}
+    users = {"OPENBLAS_THREAD_TIMEOUT": "12", "PYDANTIC_DISABLE_PLUGINS": "1"}
+    for given, expected in (({}, {"blas": "4", "pydantic": "__all__"}),
+                            (users, {"blas": "12", "pydantic": "1"})):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                              env={**env, **given}, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert json.loads(proc.stdout) == {"numpy": False, **expected}

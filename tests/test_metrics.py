@@ -213,3 +213,34 @@ def test_no_iterations_and_streamed_openmetrics(tmp_path):
     (tmp_path / "full" / "iterations.parquet").write_bytes(b"stale")
     res.write(tmp_path / "full", iterations=False)
     assert not (tmp_path / "full" / "iterations.parquet").exists()
+
+
+def test_summary_percentiles_are_numpys_bit_for_bit():
+    """summary.percentiles (numpy's linear method written out) gives np.percentile's values,
+    bits included, for any size, ties, signs and spreads."""
+    from simulator.metrics.summary import PCTS, percentiles
+
+    rng = np.random.default_rng(0)
+    arrays = [np.array([3.5]), np.array([-0.0, 0.0]), np.array([1e300, -1e300, 5.0])]
+    for n in [*range(1, 60), 99, 100, 101, 1000, 12345]:
+        arrays += [rng.normal(0, 1, n), rng.exponential(2.0, n) * 10.0 ** rng.integers(-6, 6),
+                   rng.integers(0, 5, n).astype(np.float64)]
+    for x in arrays:
+        got, want = percentiles(x.copy()), np.percentile(x, PCTS)
+        assert [v.hex() for v in got.tolist()] == [v.hex() for v in want.tolist()], len(x)
+
+
+def test_distinct_is_np_unique():
+    """steps.distinct (one sort) gives np.unique's array: ints, floats, ties, NaN and signed
+    zeros (left to np.unique), empty."""
+    from simulator.metrics.steps import distinct
+
+    rng = np.random.default_rng(0)
+    cases = [np.zeros(0), np.array([2.0]), np.array([0.0, -0.0, 1.0]), np.array([-0.0, 0.0]),
+             np.array([np.nan, 1.0, np.nan]), np.array([-0.0, -0.0, 3.0])]
+    for n in (1, 2, 10, 1000, 100_000):
+        cases += [rng.integers(-5, 50, n), rng.integers(0, 3, n).astype(np.int8),
+                  rng.random(n).round(2), np.sort(rng.exponential(1.0, n))]
+    for x in cases:
+        got, want = distinct(x), np.unique(x)
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), x[:5]

@@ -158,13 +158,15 @@ def _time_weighted_reference(fn: StepFunction, t0: float, t1: float) -> dict:
     return {"mean": float(v @ w / total), "p95": p95, "max": float(recorded.max())}
 
 
-@pytest.mark.parametrize("ranges", [True, False])
+@pytest.mark.parametrize("path", ["key totals", "ranges", "order"])
 @pytest.mark.parametrize("seed", range(6))
-def test_lean_time_weighting_equals_the_definition(seed, ranges, monkeypatch):
-    """Chunked cumulative sums, radix-sorted integer keys, code keys visited by ranges (as a
-    long run's) or in one order: the same p95, bit for bit."""
+def test_lean_time_weighting_equals_the_definition(seed, path, monkeypatch):
+    """Chunked cumulative sums, integer keys by their totals, radix-sorted, or visited by code
+    ranges (as a long run's) or in one order: the same p95, bit for bit."""
     monkeypatch.setattr(ts_mod, "_ORDER_CHUNK", 97)
-    monkeypatch.setattr(ts_mod, "_RANGES_ABOVE", 0 if ranges else 1 << 40)
+    monkeypatch.setattr(ts_mod, "_RANGES_ABOVE", 0 if path == "ranges" else 1 << 40)
+    if path != "key totals":
+        monkeypatch.setattr(ts_mod, "_p95_by_key_totals", lambda *a: None)
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 3000))
     times = np.cumsum(rng.exponential(0.01, n)) + rng.uniform(0, 1)
@@ -186,6 +188,30 @@ def test_lean_time_weighting_equals_the_definition(seed, ranges, monkeypatch):
     assert got == _time_weighted_reference(fn, float(times[0]), float(times[-1]))
     keys = rng.integers(-5, 300, 1000).astype(np.int16)
     assert np.array_equal(stable_order(keys), np.argsort(keys, kind="stable"))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_p95_by_key_totals_defers_at_a_key_boundary(seed, monkeypatch):
+    """Where 95 % of the time falls on the boundary between two keys (or within rounding of
+    it), the key totals cannot tell which key the ordered sum reaches it in: they defer (None)
+    and the p95 is the ordered cumulation's, as the definition gives; elsewhere they find it."""
+    monkeypatch.setattr(ts_mod, "_ORDER_CHUNK", 61)
+    rng = np.random.default_rng(seed)
+    n = 400
+    key = rng.integers(0, 5, n)
+    w = rng.uniform(0, 1, n)
+    w[key == 4] *= 0.05 * w[key != 4].sum() / (0.95 * w[key == 4].sum())  # the top key: 5 %
+    total = float(w.sum())
+    order = np.argsort(key, kind="stable")
+    cum = np.cumsum(w[order])
+    want = float(key[order][min(int(np.searchsorted(cum, 0.95 * total, side="left")), n - 1)])
+    assert weighted_stats(key.astype(np.float64), w, total, key)["p95"] == want
+    # a boundary exactly at 95 %: 95 parts of the weight on key 0, 5 on key 1
+    w2, k2 = np.array([95.0, 2.0, 3.0]), np.array([0, 1, 1])
+    assert ts_mod._p95_by_key_totals(w2, k2, 0.95 * float(w2.sum()), 2) is None
+    assert weighted_stats(k2.astype(np.float64), w2, float(w2.sum()), k2)["p95"] == 0.0
+    assert ts_mod._p95_by_key_totals(np.array([90.0, 2.0, 8.0]), k2, 95.0, 2) == 1
+    assert ts_mod._p95_by_key_totals(np.array([-1.0, 2.0, 8.0]), k2, 8.55, 2) is None  # negative
 
 
 def _firings_reference(rule: AlertRule, fn: StepFunction, t0: float, t1: float) -> list:
@@ -366,6 +392,7 @@ def _openmetrics_reference(requests, iterations, interval_s, labels, start_unix_
 @pytest.mark.parametrize("labels", [{}, {"model_name": 'Llama "é" 7b\\x', "b": "2"}])
 def test_openmetrics_text_matches_the_line_by_line_definition(tmp_path, monkeypatch, labels):
     monkeypatch.setattr(ts_mod, "_CHUNK_SAMPLES", 5)
+    monkeypatch.setattr(ts_mod, "_JOIN_PIECES", 7)
     res = run(_config(["engine.enable_prefix_caching=true"]))
     want = _openmetrics_reference(res.requests, res.steps, 0.25, labels, 1.7e9)
     assert ts_mod.to_openmetrics(res.requests, res.steps, interval_s=0.25, labels=labels,
@@ -396,3 +423,19 @@ def test_token_gaps_sort_as_the_floats_do(signed, monkeypatch):
     got_v, got_c = rec.token_gaps()
     assert np.array_equal(got_v.view(np.uint64), v[order].view(np.uint64))
     assert np.array_equal(got_c, c[order])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_positions_in_is_searchsorted(seed):
+    """A coded column's read-back lookup gives np.searchsorted's positions for table entries
+    (evenly spaced as kv_usage's, or crowded into one bucket) and for any other value."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 5000))
+    tables = [np.unique(1 - rng.integers(0, 9000, n) / 8999),
+              np.unique(np.concatenate([rng.random(n) * 1e-9, rng.random(50), [0.0, 3.0]]))]
+    for table in tables:
+        values = np.concatenate([table[rng.integers(0, len(table), 20_000)], rng.random(500) * 5 - 1,
+                                 [np.nan, np.inf, -np.inf, -0.0, 0.0]])
+        for t in (table, table[:1]):
+            assert np.array_equal(steps_mod.positions_in(t, values), np.searchsorted(t, values))
+    assert steps_mod.positions_in(np.zeros(0), np.array([1.0])).tolist() == [0]

@@ -164,3 +164,16 @@ def test_on_setup_sees_the_setup_before_the_workload_is_generated(monkeypatch):
     lines = events[0]
     assert events[1:] == ["workload"] and lines == res.setup.lines()
     assert lines[0].startswith("model ") and any("GPU blocks" in line for line in lines)
+
+
+@pytest.mark.parametrize("overrides", [[], ["cluster.replicas=2"], ["model=qwen3-30b-a3b", "gpu=a100-80gb"]])
+def test_config_yaml_is_the_resolved_config_as_safe_dump_writes_it(tmp_path, overrides):
+    """config.yaml (written with libyaml's emitter when PyYAML has it) holds the same text as
+    yaml.safe_dump of the resolved config, and reads back as it."""
+    import yaml
+
+    c = build_config(None, ["workload.num_requests=5", *overrides])
+    res = run(c)
+    text = (res.write(tmp_path / "r", iterations=False) / "config.yaml").read_text()
+    assert text == yaml.safe_dump(res.setup.resolved_dict(), sort_keys=True)
+    assert yaml.safe_load(text) == res.setup.resolved_dict()

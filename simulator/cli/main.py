@@ -19,6 +19,13 @@ from simulator.errors import ConfigError, did_you_mean
 # of a run's start-up in a large environment) when the first config model is built; the
 # command line uses none. Set by the user (e.g. to a plug-in list), it is left as it is.
 os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+# NOTE: OpenBLAS (numpy's BLAS) splits a dot product of > 10,000 elements over its threads, and
+# each worker then spins for ~2^28 cycles (~0.1 s) before it sleeps. A run's few such products
+# (the summary's time weighting) are far apart: the spinning was ~0.7 s of CPU time in a W1
+# run (14 %), on a core the iterations.parquet writer or another process could use. 2^4
+# cycles: the workers sleep at once. The thread count and each product's split, hence every
+# figure, are unchanged. Read when numpy is first imported (after this); a user's value is kept.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 # command -> one line for `kvsim --help`, in the order a new user needs them
 COMMANDS = {

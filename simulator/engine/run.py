@@ -48,6 +48,8 @@ from simulator.workload.load import generate
 if TYPE_CHECKING:
     import pandas as pd
 
+_YAML_DUMPER = yaml.CSafeDumper if yaml.__with_libyaml__ else yaml.SafeDumper
+
 __all__ = ["Result", "Setup", "add_engine_sections", "run", "run_config_summary", "setup"]
 
 
@@ -95,7 +97,10 @@ class Result:
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(
             json.dumps(clean_floats(self.summary), indent=2, sort_keys=True) + "\n")
-        (out / "config.yaml").write_text(yaml.safe_dump(self.setup.resolved_dict(), sort_keys=True))
+        # NOTE: libyaml's emitter when PyYAML has it: the same text as safe_dump's (the same
+        # representer; checked over 140 resolved configs), ~4x faster (~10 ms of a run)
+        (out / "config.yaml").write_text(yaml.dump(self.setup.resolved_dict(), Dumper=_YAML_DUMPER,
+                                                   sort_keys=True))
         if isinstance(self.table, Table):  # the bytes DataFrame.to_parquet writes (table.py)
             self.table.to_parquet(out / "requests.parquet")
         else:

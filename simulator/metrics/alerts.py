@@ -30,7 +30,7 @@ import numpy as np
 
 from simulator.config.sections import DEFAULT_RULES, RULE_KEYS, SIGNALS, AlertsConfig  # noqa: F401 (re-exported)
 from simulator.errors import ConfigError
-from simulator.metrics.steps import as_steps
+from simulator.metrics.steps import as_steps, distinct
 from simulator.metrics.table import column
 from simulator.metrics.timeseries import Iterations, Requests, StepFunction, gauge, run_window
 
@@ -93,7 +93,7 @@ def preemption_rate(requests: Requests, iterations: Iterations, window_s: float)
     f_t = np.sort(column(requests, "finish_s")[column(requests, "status") == "finished"]
                   .astype(np.float64, copy=False))
     p_cum = np.concatenate([[0.0], np.cumsum(p_inc)])
-    change = np.unique(np.concatenate([p_t, p_t + window_s, f_t, f_t + window_s]))
+    change = distinct(np.concatenate([p_t, p_t + window_s, f_t, f_t + window_s]))
 
     def count_p(t: np.ndarray) -> np.ndarray:
         return p_cum[np.searchsorted(p_t, t, side="right")]
