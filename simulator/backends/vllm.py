@@ -422,8 +422,7 @@ class VllmScheduler:
         return dict(self._scheduled)
 
     def decode_run(self, now: float, until_s: float, run_times, max_steps: int = 4096,
-                   inflight_s: float | None = None, straddle: bool = False, step_time=None,
-                   traced: bool = False) -> None:
+                   inflight_s: float | None = None, straddle: bool = False) -> None:
         """vLLM's scheduler is driven step by step (the reference): no decode runs."""
         return None
 

@@ -9,9 +9,7 @@ duration and the KV blocks it takes are closed-form functions of the step index 
 steps k come before the next event, applies them in one pass and returns what the replica
 records (docs/performance.md states the invariants and how k is found). A run goes in parts
 (`RunPart`): a part's last step may finish requests (they leave, their blocks are freed as commit
-frees them), and the next part is the same closed form over the batch left. A sync run of the
-only replica may also take the loop's own next step after a finishing one (`LoopStep`: e.g. the
-queue's head admitted, prefill-first) and go on where the batch then decodes again.
+frees them), and the next part is the same closed form over the batch left.
 
 This module holds what the run needs besides the scheduler: the step durations over numpy
 arrays (the cost model's own tables, element-wise equal to CostModel.step_time) and the one
@@ -52,26 +50,12 @@ class RunPart:
 
 
 @dataclass(slots=True)
-class LoopStep:
-    """One step a sync decode run took as the loop takes it (schedule, the cost model's
-    duration, commit: `Scheduler._inline_step`), between two of its parts: what the loop
-    would record and trace for it."""
-
-    start_s: float
-    duration_s: float
-    batch: Any  # protocols.Batch
-    finished: list  # the requests its commit finished, in commit order
-    stats: Any  # protocols.SchedulerStats right after its commit
-    scheduled: dict | None  # Scheduler.scheduled() of the step (traced runs only), else None
-
-
-@dataclass(slots=True)
 class DecodeRun:
     """k pure-decode steps applied at once: what the replica waits, records and traces."""
 
     delay: float  # the SimPy timeout that ends at starts[k] (env.now + delay == starts[k])
     starts: np.ndarray  # k + 1 times: each step's start, then the last step's end
-    parts: list  # RunPart or LoopStep, in step order (their steps add up to k)
+    parts: list  # RunPart, in step order (their steps add up to k)
     # async scheduling: the step the run scheduled last, in flight when it ends (None: sync, or
     # nothing left to run)
     next_batch: Any = None  # protocols.Batch, a pure decode of the requests left
@@ -80,9 +64,6 @@ class DecodeRun:
     # the last step ends after the next arrival (decode_run's `straddle`): its record's waiting
     # count is the queue as the run's end finds it
     straddles: bool = False
-    # sync: the run ends with a LoopStep whose end no exact single delay reaches from the run's
-    # start: the replica waits `delay` (to that step's start), then this (the step's duration)
-    then_s: float = 0.0
 
 
 # NOTE: a cost model whose step_time was replaced (a test's fixed step) is evaluated step by

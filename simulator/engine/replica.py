@@ -14,7 +14,6 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import math
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 import simpy
 
-from simulator.engine.advance import ArrivalClock, LoopStep, RunPart, decode_run_fn
+from simulator.engine.advance import ArrivalClock, decode_run_fn
 from simulator.engine.costmodel import CostModel
 from simulator.engine.protocols import SchedulerInterface
 from simulator.engine.steptrace import StepTrace
@@ -130,12 +129,10 @@ class Replica:
                 continue
             if clock is not None:
                 run = sched.decode_run(env.now, clock.next_s, self._decode_run_times,
-                                       straddle=self.solo, step_time=step_time, traced=trace is not None)
+                                       straddle=self.solo)
                 if run is not None:
                     self._run_ended(run)
                     yield env.timeout(run.delay)
-                    if run.then_s:  # (a last loop step no single exact delay reaches)
-                        yield env.timeout(run.then_s)
                     self._record_run(run)
                     continue
             start = env.now
@@ -163,10 +160,8 @@ class Replica:
 
     def _run_ended(self, run) -> None:
         """Before a decode run's wait: the requests it finished, in step order (an arrival during
-        its last step, rejected, ends after them, as step by step; a last loop step during which
-        one arrives ends its own after the wait, as the loop does)."""
-        parts = run.parts[:-1] if run.straddles and type(run.parts[-1]) is LoopStep else run.parts
-        for part in parts:
+        its last step, rejected, ends after them, as step by step)."""
+        for part in run.parts:
             for req in part.finished:
                 self._ended(req)
 
@@ -174,42 +169,27 @@ class Replica:
         """After a decode run: per part its records as columns (a last step that straddled an
         arrival records the queue as it is now, as step by step after that step); the trace
         rows."""
-        last = run.parts[-1]
-        if run.straddles and type(last) is RunPart:
-            columns = last.columns
+        if run.straddles:
+            columns = run.parts[-1].columns
             k = len(columns["start_s"])
             waiting = np.full(k, columns["num_waiting"])
             waiting[-1] = self.scheduler.stats().num_waiting
             columns["num_waiting"] = waiting
-        elif run.straddles:  # a loop step: its record after the wait, as the loop's _record
-            last.stats = dataclasses.replace(last.stats, num_waiting=self.scheduler.stats().num_waiting)
+        for part in run.parts:
+            self.recorder.record_many(part.columns, part.gaps, len(part.reqs))
         if self.trace is not None:
             self.trace.decode_run(run)
-        for part in run.parts:
-            if type(part) is RunPart:
-                self.recorder.record_many(part.columns, part.gaps, len(part.reqs))
-            else:
-                if run.straddles and part is last:
-                    for req in part.finished:
-                        self._ended(req)
-                self._record_step(part.start_s, part.duration_s, part.batch, part.stats)
         if self.on_iteration is not None:
             self.on_iteration()
 
     def _record(self, start: float, duration: float, batch, finished: list[Request]) -> None:
         """After a commit: the ended requests, and the step's record (with the stats now)."""
         s = self.scheduler.stats()
+        kv = s.kv
         if self.trace is not None:
-            self.trace.committed(finished, s.kv.usage)
+            self.trace.committed(finished, kv.usage)
         for req in finished:
             self._ended(req)
-        self._record_step(start, duration, batch, s)
-        if self.on_iteration is not None:
-            self.on_iteration()
-
-    def _record_step(self, start: float, duration: float, batch, s) -> None:
-        """A loop step's record: its Batch and the scheduler's stats after its commit."""
-        kv = s.kv
         shape = batch.shape
         self.recorder.record(StepRecord(
             start, duration, batch.num_seqs, shape.num_tokens, batch.num_prefill_tokens,
@@ -217,6 +197,8 @@ class Replica:
             s.num_waiting, kv.used_slots, kv.usage, s.kv_tokens_stored, shape.num_sampled,
             kv.prefix_queries, kv.prefix_hits, kv.num_evictions, batch.swap_s,
             kv.external_frag_slots, s.token_gaps))
+        if self.on_iteration is not None:
+            self.on_iteration()
 
     def _schedule(self, now: float):
         """schedule(now) and its trace row (an empty step is traced only if it preempted)."""

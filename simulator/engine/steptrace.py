@@ -21,8 +21,6 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from simulator.engine.advance import LoopStep
-
 if TYPE_CHECKING:
     from simulator.engine.advance import DecodeRun
     from simulator.engine.protocols import Batch, SchedulerInterface
@@ -63,16 +61,6 @@ class StepTrace:
         j = 0
         scheduled: list = []
         for part in run.parts:
-            if type(part) is LoopStep:  # a step the run took as the loop does (sync)
-                self.rows.append({
-                    "step": len(self.rows), "t_s": part.start_s,
-                    "scheduled": [[r, n] for r, n in part.scheduled.items()],
-                    "preempted": sorted(r.req_id for r in part.batch.preempted),
-                    "admitted": [[r, h] for r, h in part.batch.admitted],
-                    "finished": sorted(r.req_id for r in part.finished),
-                    "kv_usage": part.stats.kv.usage})
-                j += 1
-                continue
             scheduled = [[r.req_id, 1] for r in part.reqs]
             usage = part.columns["kv_usage"].tolist()
             last = len(usage) - 1

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from simulator.engine.advance import DecodeRun, LoopStep, RunPart, exact_delay
+from simulator.engine.advance import DecodeRun, RunPart, exact_delay
 from simulator.engine.costmodel import StepShape, window_kv_sums
 from simulator.engine.protocols import (
     Batch,
@@ -779,8 +779,7 @@ class Scheduler:
 
     def decode_run(self, now: float, until_s: float, run_times: Callable[..., np.ndarray],
                    max_steps: int = 4096, inflight_s: float | None = None,
-                   straddle: bool = False, step_time: Callable[[StepShape], float] | None = None,
-                   traced: bool = False) -> DecodeRun | None:
+                   straddle: bool = False) -> DecodeRun | None:
         """The next k pure-decode steps at once (engine/advance.py), or None when the next step
         may differ from the last (the caller then steps). Steps:
         1. precondition: the last step was a pure decode of every running request, committed
@@ -790,9 +789,7 @@ class Scheduler:
         2. the run goes in parts, each up to and including the next finishing step (the step
            that gives a request its last token), <= max_steps in all; after a finishing step
            it goes on only where the loop's next step is sure to be a pure decode of those left
-           (`_runs_past_finish`), or, given `step_time` (one replica), after taking that next
-           step as the loop takes it (`_inline_step`: e.g. the prefill-first admission of the
-           queue's head) where the batch then decodes again;
+           (`_runs_past_finish`);
         3. per part, the blocks the steps take, in the loop's order (step, then running order):
            request i needs one at steps capacity - computed + q * block_size; the part stops
            before the step whose block the free queue (`decode_room`) cannot give;
@@ -811,52 +808,31 @@ class Scheduler:
         if not m or self._cut_at == (now, until_s):
             return None
         kv = self.kv
+        if not self._quiet:
+            # an empty queue admits nobody whatever the free blocks, nor does one whose head
+            # cannot be admitted now (free blocks only fall in a run, arrivals join the tail):
+            # a batch of decodes only (each one token to compute, the budget holding them
+            # all) decodes again
+            if (self.kv_holding or m > self.max_num_batched_tokens
+                    or (len(self.queue) and not self._head_waits(m))
+                    or _nnz(rb.tokens[:m] - rb.computed[:m] == 1) < m
+                    or _nnz(rb.num_out[:m]) < m):
+                return None
         room = kv.decode_room()
         if room is None:
             return None
         # a finishing step may run here unless something outside reads it (offload offers,
         # P/D's kept blocks)
         finishes = self.offload is None and not self.delay_free_blocks
-        # the loop's own step may be taken here (one replica: an arrival only joins the fcfs
-        # queue; nothing outside watches the steps) where, with m decodes and a free block
-        # each, it schedules something and preempts nobody (prefill-first admits whole prompts
-        # that fit, or the batch decodes)
-        inline = (step_time if straddle and finishes and self._arrival_joins_tail
-                  and not (self.watched_finishes or self.kv_holding) else None)
-        loop_step = False  # the next thing the run does is the loop's step
-        if not self._quiet and not self._decodes_again(m):
-            if inline is None or room < m:
-                return None
-            loop_step = True  # (e.g. the admission of a request that just arrived)
         past = finishes and self._runs_past_finish()
-        parts: list[RunPart | LoopStep] = []
+        parts: list[RunPart] = []
         all_starts: list[np.ndarray] = []
         t = now
         steps = 0
-        delay = then_s = 0.0
+        delay = 0.0
         straddled = False
         carry = None  # what the last part's finishing step left: (KV stats, sum computed, sum capacity)
         while True:
-            if loop_step:
-                loop_step = False
-                step = self._inline_step(t, inline, traced)
-                parts.append(step)
-                steps += 1
-                end = t + step.duration_s  # (as SimPy adds the loop's delay)
-                all_starts.append(np.array([t, end]))
-                # the delay to its end; else (rare) the replica waits to its start (a part's end,
-                # exact), then its duration
-                exact = step.duration_s if t == now else exact_delay(now, end)
-                delay, then_s = (delay, step.duration_s) if exact is None else (exact, 0.0)
-                t = end
-                if end >= until_s:  # it straddles the arrival (one replica): the run ends here
-                    straddled = True
-                    break
-                if steps >= max_steps or not rb.m or not self._decodes_again(rb.m):
-                    break
-                past = self._runs_past_finish()
-                room = kv.decode_room()
-                carry = None
             m = rb.m
             left = int(_min(rb.target_out[:m] - rb.num_out[:m]))  # steps through the next finish
             k = min(left if finishes else left - 1, max_steps - steps)  # 2.
@@ -878,7 +854,6 @@ class Scheduler:
             if cut is None:
                 break
             k, delay, straddled = cut
-            then_s = 0.0
             starts, durations = starts[:k + 1], durations[:k]
             reqs = list(rb.reqs)
             columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum, reqs,
@@ -890,44 +865,15 @@ class Scheduler:
                 finished, carry = [], None
             steps += k
             t = float(starts[k])
-            part = RunPart(columns, gaps, reqs, finished)
-            if (finished and not past and inline is not None and not straddled and steps < max_steps
-                    and rb.m and kv.decode_room() >= rb.m):
-                parts.append(part)  # then the loop's step after this finishing one
-                all_starts.append(starts)
-                loop_step = True
-                continue
-            room = self._next_part(parts, all_starts, part, starts,
+            room = self._next_part(parts, all_starts, RunPart(columns, gaps, reqs, finished), starts,
                                    straddled or not past or steps >= max_steps)
             if room is None:
                 break
         if not parts:
             return None
-        if type(parts[-1]) is RunPart:
-            self._pure = True  # as the loop leaves it after the run's last step
-            self._quiet = not parts[-1].finished
-        return DecodeRun(delay, self._run_starts(all_starts), parts, straddles=straddled, then_s=then_s)
-
-    def _decodes_again(self, m: int) -> bool:
-        """decode_run's second precondition: an empty queue admits nobody whatever the free
-        blocks, nor does one whose head cannot be admitted now (free blocks only fall in a run,
-        arrivals join the tail): a batch of m decodes only (each one token to compute, at least
-        one output, the budget holding them all) decodes again."""
-        rb = self.running
-        return not (self.kv_holding or m > self.max_num_batched_tokens
-                    or (len(self.queue) and not self._head_waits(m))
-                    or _nnz(rb.tokens[:m] - rb.computed[:m] == 1) < m
-                    or _nnz(rb.num_out[:m]) < m)
-
-    def _inline_step(self, now: float, step_time: Callable[[StepShape], float], traced: bool) -> LoopStep:
-        """The loop's step at `now`, taken inside a sync decode run (Replica.run's steps 2-4:
-        schedule, the cost model's duration plus swap time, commit at its end), with what the
-        loop records and traces after it."""
-        batch = self.schedule(now)
-        scheduled = self.scheduled() if traced else None
-        duration = step_time(batch.shape) + (batch.swap_s or 0.0)
-        finished = self.commit(now + duration)
-        return LoopStep(now, duration, batch, finished, self.stats(), scheduled)
+        self._pure = True  # as the loop leaves it after the run's last step
+        self._quiet = not parts[-1].finished
+        return DecodeRun(delay, self._run_starts(all_starts), parts, straddles=straddled)
 
     def _head_waits(self, m: int) -> bool:
         """Whether the next step's admission (step 3 of `schedule`, or the prompts of
