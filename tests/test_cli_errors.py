@@ -54,6 +54,7 @@ def test_bad_yaml_file(tmp_path, capsys):
     bad.write_text("engine:\n  block_size: [1,\n")
     code, err = run_cli(capsys, str(bad))
     assert code == 2 and f"config file {bad}: invalid YAML" in err.splitlines()[0]
+    assert len(err.splitlines()) == 1 and "(line 3, column 1: " in err, err  # where, on one line
 
 
 @pytest.mark.parametrize("text", ["", "# a comment, no settings\n"])

@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from simulator import __version__
+from simulator.config.schema import yaml_problem
 from simulator.errors import ConfigError, did_you_mean
 
 BASELINE_SCHEMA_VERSION = 1
@@ -139,7 +140,7 @@ def _read_yaml(path: Path) -> Any:
     try:
         return yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
+        raise ConfigError(f"{path}: invalid YAML ({yaml_problem(e)})") from None
 
 
 def load_suite(suite: str | Path) -> list[Scenario]:

@@ -177,6 +177,14 @@ def from_dict(data: dict[str, Any]) -> SimConfig:
         raise config_error(e) from None
 
 
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML parse error on one line: where (1-based line and column) and what."""
+    if isinstance(e, yaml.MarkedYAMLError) and e.problem_mark is not None:
+        mark = e.problem_mark
+        return f"line {mark.line + 1}, column {mark.column + 1}: {e.problem or e.context}"
+    return str(e).splitlines()[0]
+
+
 def load_config(path: str | Path | None) -> dict[str, Any]:
     """Raw dict from a YAML file (validated later, after overrides). Relative paths in it that
     exist beside the file are rewritten to reach them (paths.rebase_paths); an empty file is
@@ -189,7 +197,7 @@ def load_config(path: str | Path | None) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path}: invalid YAML ({e})") from None
+        raise ConfigError(f"config file {path}: invalid YAML ({yaml_problem(e)})") from None
     if data is None:
         raise ConfigError(f"config file {path}: no settings (the file is empty or holds only "
                           f"comments); write {{}} to run the defaults")
