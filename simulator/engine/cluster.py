@@ -149,6 +149,7 @@ class MergedRecorder:
         self.recorders = recorders
         self.total_slots = sum(r.total_slots for r in recorders)
         self._iters: pd.DataFrame | None = None
+        self._reqs: pd.DataFrame | None = None  # requests_frame, built once
 
     def requests_table(self) -> pd.DataFrame:
         """What `summarize` and a run's Result read (a DataFrame: summary.column reads it as it
@@ -158,13 +159,15 @@ class MergedRecorder:
     def requests_frame(self) -> pd.DataFrame:
         import pandas as pd  # NOTE: here: a one-replica run needs no pandas (metrics/table.py)
 
-        frames = []
-        for i, rec in enumerate(self.recorders):
-            df = rec.requests_frame().copy()
-            df.insert(1, "replica", np.full(len(df), i, np.int64))
-            frames.append(df)
-        return pd.concat(frames, ignore_index=True).sort_values("req_id", kind="stable") \
-            .reset_index(drop=True)
+        if self._reqs is None:
+            frames = []
+            for i, rec in enumerate(self.recorders):
+                df = rec.requests_frame().copy()
+                df.insert(1, "replica", np.full(len(df), i, np.int64))
+                frames.append(df)
+            self._reqs = pd.concat(frames, ignore_index=True).sort_values("req_id", kind="stable") \
+                .reset_index(drop=True)
+        return self._reqs
 
     def iterations_frame(self) -> pd.DataFrame:
         """Every replica's steps, ordered by end time (then replica); gauges become cluster

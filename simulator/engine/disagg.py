@@ -341,7 +341,6 @@ class DisaggRecorder(MergedRecorder):
         super().__init__([r.recorder for r in dc.prefill.replicas]
                          + [r.recorder for r in dc.decode.replicas])
         self.dc = dc
-        self._reqs: pd.DataFrame | None = None
 
     def requests_frame(self) -> pd.DataFrame:
         """1. the client rows, by req_id; 2. first_scheduled_s and num_preemptions as the client

@@ -65,14 +65,12 @@ class Result:
     # one replica's scheduler in its final state, for inspection (None for several replicas)
     scheduler: SchedulerInterface | None = field(default=None, repr=False)
     _iterations: pd.DataFrame | None = field(default=None, repr=False)
-    _requests: pd.DataFrame | None = field(default=None, repr=False)
 
     @property
     def requests(self) -> pd.DataFrame:
-        """The requests table (one row per request, in req_id order) as a DataFrame."""
-        if self._requests is None:
-            self._requests = self.table.to_pandas() if isinstance(self.table, Table) else self.table
-        return self._requests
+        """The requests table (one row per request, in req_id order) as a DataFrame (the
+        recorder's, built once)."""
+        return self.recorder.requests_frame()
 
     @property
     def iterations(self) -> pd.DataFrame:

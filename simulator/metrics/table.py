@@ -12,9 +12,8 @@ written by pandas itself.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
-import re
-from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -94,27 +93,9 @@ def _arrow_columns(columns: dict[str, np.ndarray]):
     return arrays, meta
 
 
-_pandas_version: str | None = None
-
-
 def pandas_version() -> str:
-    """pandas.__version__, read from the installed package without importing it (its
-    _version_meson.py; imported when that file is not there)."""
-    global _pandas_version
-    if _pandas_version is None:
-        spec = find_spec("pandas")
-        found = None
-        if spec is not None and spec.submodule_search_locations:
-            path = Path(next(iter(spec.submodule_search_locations))) / "_version_meson.py"
-            if path.is_file():
-                found = re.search(r'^__version__\s*=\s*"([^"]+)"', path.read_text(), re.M)
-        if found is not None:
-            _pandas_version = found.group(1)
-        else:
-            import pandas as pd
-
-            _pandas_version = pd.__version__
-    return _pandas_version
+    """pandas.__version__ without importing pandas: the installed distribution's version."""
+    return importlib.metadata.version("pandas")
 
 
 def pandas_schema_metadata(meta: list[dict[str, Any]]) -> dict[bytes, bytes]:

@@ -98,7 +98,7 @@ def _gauge_at(steps: StepColumns, column: str, t: np.ndarray) -> np.ndarray:
     steps' length (a coded column's codes looked up there, an integer one converted there)."""
     idx = np.searchsorted(steps.ends, t, side="right") - 1
     if not len(steps):
-        return np.where(idx >= 0, 0.0, 0.0).astype(np.float64)
+        return np.zeros(len(t))
     take = np.maximum(idx, 0)
     coded = steps.sort_key(column)
     if coded is not None:

@@ -103,7 +103,8 @@ def _open_text(path: Path):
 
 def _sniff(path: Path) -> tuple[str, list[str], dict[str, np.ndarray] | None]:
     """(kind, header column names, the columns when the file is a plain CSV of numbers: read
-    once, `read_trace` uses them) from the first non-blank line."""
+    once, `read_trace` uses them; {} when it was read and is not one; None: not read, JSONL)
+    from the first non-blank line."""
     with _open_text(path) as f:
         for line in f:
             if line.strip():
@@ -121,7 +122,7 @@ def _sniff(path: Path) -> tuple[str, list[str], dict[str, np.ndarray] | None]:
         return "csv", list(numeric), numeric
     import pandas as pd
 
-    return "csv", list(pd.read_csv(path, nrows=0).columns), None
+    return "csv", list(pd.read_csv(path, nrows=0).columns), {}
 
 
 def _resolve_format(cfg: WorkloadConfig, path: Path
@@ -165,11 +166,11 @@ def _read_numeric(path: Path, wanted: list[str], cols: dict[str, np.ndarray] | N
                   ) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
     """_read_csv's columns as numpy arrays when the file is a plain CSV of numbers holding
     every wanted column (generators.read_numeric_csv: no blank lines, so the rows are lines
-    2, 3, ...; `cols`: its columns, read already); None otherwise (pandas reads it, and names
-    what is wrong)."""
+    2, 3, ...; `cols`: its columns, read already, {} when it read the file and found it is not
+    one); None otherwise (pandas reads it, and names what is wrong)."""
     if cols is None:
         cols = read_numeric_csv(path)
-    if cols is None or not all(c in cols for c in wanted):
+    if not cols or not all(c in cols for c in wanted):
         return None
     return {c: cols[c] for c in wanted}, np.arange(len(cols[wanted[0]]), dtype=np.int64) + 2
 

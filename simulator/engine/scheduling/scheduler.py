@@ -265,7 +265,6 @@ class Scheduler:
         i = 0
         kv = self.kv
         asynchronous = self.async_scheduling
-        whole = True  # no request went through _schedule_one yet
         while i < len(rb.reqs) and budget > 0:
             m = len(rb.reqs)
             want = rb.n[i:m]
@@ -328,12 +327,11 @@ class Scheduler:
                     rb.n[j:m] = 0
                     budget -= cum.item(j - i - 1) if j > i else 0  # the tokens before it
                     budget, i, stop = self._schedule_one(j, budget, now, preempted)
-                    whole = False
                     if stop:
                         break
                     continue
             budget -= used
-            if whole:  # one segment from slot 0: its reach is the step's (nothing changed since)
+            if not i:  # a last segment from slot 0: its reach is the step's (nothing changes it after)
                 return budget, preempted, reach_all
             break
         return budget, preempted, None
@@ -1015,7 +1013,9 @@ class Scheduler:
                 break
             k, ev_i, ev_j = events
             c0 = rb.computed[:m]
-            c_sum = int(_sum(c0)) if carry is None else carry[1]  # 4.
+            if carry is None:
+                carry = (None, *rb.computed_and_capacity(m))
+            c_sum = carry[1]  # 4.
             n_pure = min(k, q)
             if n_pure:
                 w_next, d_next = self._decode_shapes(n_pure, c_sum, run_times)
@@ -1042,9 +1042,8 @@ class Scheduler:
             starts = starts[:k + 1]
             durations = np.concatenate(([d_inflight], d_sched[:k - 1]))
             reqs = list(rb.reqs)
-            stats, cap0 = (None, None) if carry is None else (carry[0], carry[2])
             columns, gaps = self._apply_decode_run(k, starts, durations, ev_i, ev_j, c_sum, reqs,  # 5.
-                                                   stats, cap0)
+                                                   carry[0], carry[2])
             rb.n[:m] = 1
             if k > q:  # the finishing turn: those skipped took q schedules, their last resolved
                 done = ~survivors
@@ -1152,8 +1151,8 @@ class Scheduler:
         j0 = rb.capacity[:m] - rb.computed[:m]  # the first step at which each request needs a block
         h = k if horizon is None else horizon
         # NOTE: request i takes a block at steps j0_i + q bs < h_i, q = 0, 1, ... (j0 >= 0, a
-        # decode's capacity covers its computed tokens): row q of an (L, m) grid of steps, L the
-        # rows below the largest horizon,
+        # decode's capacity covers its computed tokens): row q of an (L, m) grid of steps,
+        # L = ceil(k / bs) (no horizon is past k),
         #     q = 0:  j0_0        j0_1        ...  j0_(m-1)
         #     q = 1:  j0_0 + bs   j0_1 + bs   ...
         # masked by steps < h; the keys step * m + slot, sorted, are the (step, slot) order
@@ -1183,12 +1182,12 @@ class Scheduler:
 
     def _apply_decode_run(self, k: int, starts: np.ndarray, durations: np.ndarray, ev_i: np.ndarray,
                           ev_j: np.ndarray, c_sum: int, reqs: list[Request],
-                          stats: KVStats | None = None, cap0: int | None = None
+                          stats: KVStats | None, cap0: int
                           ) -> tuple[dict[str, Any], np.ndarray]:
         """decode_run's step 5 (sync and async): the blocks popped in order, the counters advanced
         by k, the token gaps; returns the k records as columns (constant ones as numpy scalars:
         the recorder keeps one value for the k steps) and the gaps. `reqs`: the running batch;
-        `stats`, `cap0`: the KV stats and the capacity sum now, where the caller has them.
+        `stats`: the KV stats now (None: read here), `cap0`: the capacity sum now.
         NOTE: the KV gauges in closed form: each block a step takes adds block_size used slots
         and block_size capacity, so used - capacity (hence the stored tokens less the computed)
         is the same on all k steps."""
@@ -1199,8 +1198,6 @@ class Scheduler:
         n_ev = int(ev_j.searchsorted(k)) if len(ev_j) else 0
         if stats is None:  # (else the KV stats and capacity sum as the last finish left them)
             stats = kv.stats()
-        if cap0 is None:
-            cap0 = int(_sum(rb.capacity[:m]))
         if n_ev:
             ev_i, ev_j = ev_i[:n_ev], ev_j[:n_ev]
             kv.take_decode_blocks(rb.ids[ev_i].tolist(), starts[ev_j])
