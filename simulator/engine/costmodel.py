@@ -402,6 +402,11 @@ def row_time(elems_per_token: Any, dtype_bytes: float, row_gbps: float) -> Any:
     return elems_per_token * dtype_bytes / (row_gbps * 1e9)
 
 
+def _layer_sum(times: dict[str, np.ndarray], t: np.ndarray) -> np.ndarray:
+    """One layer's LAYER_OPS seconds summed, in LAYER_OPS order (op_times' or _layer_ops')."""
+    return sum((times[op] for op in LAYER_OPS), np.zeros_like(t))
+
+
 def op_times(dims: ShardDims, t: Any, chip: Chip, p: CostParams) -> dict[str, np.ndarray]:
     """Seconds of every measured operator (LAYER_OPS + emb) at T tokens, per shard."""
     out: dict[str, np.ndarray] = {}
@@ -610,8 +615,7 @@ class CostModel:
         all-reduce); the mean over the layers where they differ (MoE and dense layers)."""
         t = np.asarray(t, dtype=np.float64)
         if self._plain:
-            times = op_times(self._dims, t, self.chip, self.params)
-            return sum((times[op] for op in LAYER_OPS), np.zeros_like(t))
+            return _layer_sum(op_times(self._dims, t, self.chip, self.params), t)
         return self._layers_sum(t) / self._layers
 
     def _layers_sum(self, t: np.ndarray) -> np.ndarray:
@@ -621,8 +625,7 @@ class CostModel:
         num_moe = m.num_moe_layers
         for count, moe in ((m.num_layers - num_moe, False), (num_moe, True)):
             if count:
-                times = self._layer_ops(t, moe)
-                total = total + count * sum((times[op] for op in LAYER_OPS), np.zeros_like(t))
+                total = total + count * _layer_sum(self._layer_ops(t, moe), t)
         return total
 
     def _layer_ops(self, t: np.ndarray, moe: bool) -> dict[str, np.ndarray]:
@@ -740,12 +743,12 @@ class CostModel:
         """Seconds at T tokens that attention does not depend on: layers x (linear + all-reduce)
         (+ MoE layers x expert dispatch/combine) + embedding (+ its all-reduce)."""
         t = np.asarray(t, dtype=np.float64)
-        emb = op_times(self._dims, t, self.chip, self.params)["emb"]
-        emb_ar = 0.5 * self.allreduce_time_per_layer(t)
+        times = op_times(self._dims, t, self.chip, self.params)
+        allreduce = self.allreduce_time_per_layer(t)
+        emb, emb_ar = times["emb"], 0.5 * allreduce
         if self._plain:
-            layer = self.linear_time_per_layer(t) + self.allreduce_time_per_layer(t)
-            return self._layers * layer + emb + emb_ar
-        layers = (self._layers_sum(t) + self._layers * self.allreduce_time_per_layer(t)
+            return self._layers * (_layer_sum(times, t) + allreduce) + emb + emb_ar
+        layers = (self._layers_sum(t) + self._layers * allreduce
                   + self.model.num_moe_layers * self.expert_comm_time_per_layer(t))
         return layers + emb + emb_ar
 
