@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -177,3 +183,23 @@ def test_config_yaml_is_the_resolved_config_as_safe_dump_writes_it(tmp_path, ove
     text = (res.write(tmp_path / "r", iterations=False) / "config.yaml").read_text()
     assert text == yaml.safe_dump(res.setup.resolved_dict(), sort_keys=True)
     assert yaml.safe_load(text) == res.setup.resolved_dict()
+
+
+def test_outputs_do_not_depend_on_the_number_of_blas_threads(tmp_path):
+    """Byte-identical files with one and with two OpenBLAS threads: a run of > 10,000 steps, the
+    length past which BLAS splits a dot product over its threads (so `a @ b` in the summary and
+    the time series changed their last digits with the core count)."""
+    repo = Path(__file__).resolve().parent.parent
+    args = ["--set", "workload.num_requests=60", "--set", "workload.arrival.rate=0.2",
+            "--set", "workload.output_tokens={dist: constant, value: 200}"]
+    outs = []
+    for threads in ("1", "2"):
+        out = tmp_path / f"t{threads}"
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
+        subprocess.run([sys.executable, "-m", "simulator", "run", *args, "--out", str(out), "--quiet"],
+                       check=True, capture_output=True, cwd=repo, env=env, timeout=300)
+        outs.append(out)
+    steps = json.loads((outs[0] / "summary.json").read_text())["batch"]["num_iterations"]
+    assert steps > 10_000
+    for name in ("summary.json", "timeseries.parquet", "openmetrics.txt", "alerts.json"):
+        assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name

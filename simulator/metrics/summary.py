@@ -30,6 +30,7 @@ from simulator.metrics.table import column, write_parquet
 from simulator.metrics.timeseries import (
     Iterations,
     Requests,
+    dot,
     run_window,
     segment_lengths,
     weighted_stats,
@@ -96,10 +97,10 @@ def percentiles(x: np.ndarray) -> np.ndarray:
 def _weighted_stats(values: np.ndarray, counts: np.ndarray) -> dict[str, float | None]:
     if len(values) == 0:
         return {"mean": None, **{f"p{p}": None for p in PCTS}, "max": None}
-    dot = values @ counts  # NOTE: before the cumulative counts: one temporary at a time
+    mean_num = dot(values, counts)  # NOTE: before the cumulative counts: one temporary at a time
     cum = np.cumsum(counts)
     total = cum[-1]
-    out = {"mean": float(dot / total)}
+    out = {"mean": float(mean_num / total)}
     for p in PCTS:
         out[f"p{p}"] = float(values[np.searchsorted(cum, p / 100 * total, side="left")])
     out["max"] = float(values[-1])
@@ -333,10 +334,10 @@ class _Gauges:
         top = float(v.max())
         if self.total <= 0:
             return {"mean": None, "p95": None, "max": top}
-        return {"mean": float(v @ self.w / self.total), "p95": None, "max": top}
+        return {"mean": dot(v, self.w) / self.total, "p95": None, "max": top}
 
     def integral(self, v: np.ndarray) -> float:
-        return float(v @ self.w)
+        return dot(v, self.w)
 
     def key(self, column: str) -> np.ndarray | None:
         """The sort key of [0, column...]: the values themselves for an integer gauge, codes

@@ -168,7 +168,7 @@ def weighted_stats(v: np.ndarray, w: np.ndarray, total: float,
         if pos is None:  # never reached (rounding): the last piece in the order
             pos = int(order[-1])
         del order
-    return {"mean": float(v @ w / total), "p95": float(v[pos]), "max": top}
+    return {"mean": dot(v, w) / total, "p95": float(v[pos]), "max": top}
 
 
 def _p95_by_key_totals(w: np.ndarray, key: np.ndarray, target: float, size: int) -> int | None:
@@ -258,8 +258,28 @@ def stable_order(x: np.ndarray) -> np.ndarray:
     return np.argsort(x, kind="stable")
 
 
+_DOT_CHUNK = 1 << 16  # elements multiplied (into one buffer) and summed at a time by dot
+
+
+def dot(a: np.ndarray, b: np.ndarray) -> float:
+    """sum(a * b), the same on every machine: numpy's pairwise sum of the products, a fixed
+    chunk at a time, the chunks' sums added exactly (math.fsum).
+    NOTE: not `a @ b`: BLAS splits a dot product of > ~10,000 elements over its threads, so
+    its last digits depend on the number of cores (OPENBLAS_NUM_THREADS 1 and 2 differed in ~9
+    fields of a W1 summary.json)."""
+    n = len(a)
+    if n <= _DOT_CHUNK:
+        return float(np.multiply(a, b).sum())
+    buf = np.empty(_DOT_CHUNK, np.result_type(a, b))
+    sums = []
+    for lo in range(0, n, _DOT_CHUNK):
+        hi = min(lo + _DOT_CHUNK, n)
+        sums.append(np.multiply(a[lo:hi], b[lo:hi], out=buf[:hi - lo]).sum())
+    return math.fsum(sums)
+
+
 def integral(fn: StepFunction, t0: float, t1: float) -> float:
-    return float(with_initial(fn.values, fn.initial) @ segment_lengths(fn.times, t0, t1))
+    return dot(with_initial(fn.values, fn.initial), segment_lengths(fn.times, t0, t1))
 
 
 # --- counters ----------------------------------------------------------------------------------
