@@ -162,6 +162,22 @@ def test_null_sections_are_their_defaults_and_set_edits_default_mappings():
     assert cfg.cluster == ClusterConfig(replicas=2) and cfg.slo.ttft_s == 1.0
 
 
+def test_set_switching_a_distribution_drops_the_defaults_it_does_not_take():
+    """`--set X.dist=constant` on the default lognormal: its mean and cv go (the clip bounds,
+    which constant takes too, stay), in either order with the new key; a key the user gave
+    that the new distribution does not take is still refused by name."""
+    for sets in (["workload.output_tokens.dist=constant", "workload.output_tokens.value=200"],
+                 ["workload.output_tokens.value=200", "workload.output_tokens.dist=constant"]):
+        cfg = build_config(None, sets)
+        assert cfg.workload.output_tokens == {"dist": "constant", "value": 200, "min": 1, "max": 2048}
+    with pytest.raises(ConfigError, match=r"workload.output_tokens: missing 'value'"):
+        build_config(None, ["workload.output_tokens.dist=constant"])
+    with pytest.raises(ConfigError, match=r"unknown key 'mean'; valid: dist, min, max, value"):
+        build_config(None, ["workload.output_tokens.mean=5", "workload.output_tokens.dist=constant"])
+    cfg = build_config(None, ["workload.arrival.process=gamma", "workload.arrival.cv=2"])
+    assert cfg.workload.arrival == {"process": "gamma", "rate": 20.0, "cv": 2}
+
+
 def test_replace_validates():
     cfg = SimConfig()
     assert cfg.replace(seed=3).seed == 3 and cfg.seed == 0

@@ -39,6 +39,7 @@ _KVSIM = "kvsim"  # error type of every rule written here: ctx["text"] follows t
 _UNION = "kvsim_union"  # a tagged union's tag is missing or unknown: msg is the tag's key
 _TAGS: set[str] = set()  # loc entries pydantic adds for tagged unions ("dist=uniform")
 _UNIONS: dict[str, tuple[str, tuple[str, ...]]] = {}  # tag key -> (what it names, valid names)
+_MEMBERS: dict[str, dict[str, type[BaseModel]]] = {}  # tag key -> {name: model}
 
 
 def fail(text: str) -> PydanticCustomError:
@@ -101,6 +102,7 @@ def tagged(key: str, what: str, models: dict[str, type[BaseModel]], default: str
     """A union of `models` told apart by `key` (a missing key means `default`): the
     `dist: lognormal` of a length distribution picks LognormalLength."""
     _UNIONS[key] = (what, tuple(sorted(models)))
+    _MEMBERS[key] = dict(models)
     _TAGS.update(f"{key}={name}" for name in models)
 
     def tag(value: Any) -> str | None:
@@ -113,6 +115,13 @@ def tagged(key: str, what: str, models: dict[str, type[BaseModel]], default: str
     members = tuple(Annotated[m, Tag(f"{key}={name}")] for name, m in models.items())
     union = Union[members]  # noqa: UP007 (a tuple of members)
     return Annotated[union, Discriminator(tag, custom_error_type=_UNION, custom_error_message=key)]
+
+
+def tagged_fields(key: str, name: Any) -> frozenset[str] | None:
+    """The keys the tagged union member `key: name` takes (`dist: constant`: dist, min, max,
+    value), or None where `key` tags no union or `name` names no member."""
+    model = _MEMBERS.get(key, {}).get(name) if isinstance(name, str) else None
+    return None if model is None else frozenset(model.model_fields)
 
 
 # --- sections --------------------------------------------------------------------------------

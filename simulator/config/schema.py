@@ -33,6 +33,7 @@ from simulator.config.fields import (
     fail,
     number,
     one_of,
+    tagged_fields,
 )
 from simulator.config.paths import rebase_paths
 from simulator.config.sections import AlertsConfig, ClusterConfig, SloConfig
@@ -233,7 +234,22 @@ def apply_override(data: dict[str, Any], key: str, value: Any) -> None:
         node = node[p]
         if not isinstance(node, dict):
             raise ConfigError(f"--set {key}: {p} is not a section")
+    if len(parts) == 3 and node.get(parts[-1], value) != value:
+        _drop_default_keys(node, parts, value)
     node[parts[-1]] = value
+
+
+def _drop_default_keys(node: dict[str, Any], parts: list[str], value: Any) -> None:
+    """`--set workload.output_tokens.dist=constant` switches a tagged mapping to another member:
+    the keys it holds from the field's default (the default lognormal's mean and cv) that the
+    new member does not take are dropped; a key the user gave stays (and is refused by name if
+    the new member does not take it)."""
+    fields = tagged_fields(parts[-1], value)
+    if fields is None:
+        return
+    default = _default_mapping(parts[0], parts[1])
+    for k in [k for k in node if k not in fields and k in default and node[k] == default[k]]:
+        del node[k]
 
 
 def split_override(item: str, flag: str = "--set") -> tuple[str, Any]:
