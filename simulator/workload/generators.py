@@ -492,9 +492,17 @@ def _read_table(path: Path, what: str) -> dict[str, np.ndarray]:
     return {name: df[name].to_numpy() for name in df.columns}
 
 
-def _length_column(cols: dict[str, np.ndarray], col: str, path: Path, what: str) -> np.ndarray:
-    """Column `col` as float64 lengths, each >= 1: numbers as they are, anything else through
-    pandas.to_numeric (a cell that is not a number is NaN, so an error naming it)."""
+def show_cell(value: Any) -> str:
+    """A raw cell as the user wrote it, for an error message: numpy scalars as plain numbers
+    (-5, not np.int64(-5)), text quoted."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+def _length_column(cols: dict[str, np.ndarray], col: str, path: Path, what: str,
+                   whole: bool = False) -> np.ndarray:
+    """Column `col` as float64 lengths, each >= 1 (and `whole`: a whole number of tokens):
+    numbers as they are, anything else through pandas.to_numeric (a cell that is not a number
+    is NaN, so an error naming it)."""
     if col not in cols:
         raise ConfigError(f"{what} {path}: missing column {col!r}; columns: {list(cols)}")
     raw = cols[col]
@@ -504,11 +512,19 @@ def _length_column(cols: dict[str, np.ndarray], col: str, path: Path, what: str)
         import pandas as pd
 
         values = np.asarray(pd.to_numeric(raw, errors="coerce"), dtype=np.float64)
-    bad = np.flatnonzero(~np.isfinite(values) | (values < 1))
+    wrong = ~np.isfinite(values) | (values < 1)
+    if whole:
+        wrong |= values != np.floor(values)
+    bad = np.flatnonzero(wrong)
     if len(bad):
         row = int(bad[0])
-        raise ConfigError(f"{what} {path}: row {row + 1} (line {row + 2}), column {col!r}: "
-                          f"{raw[row]!r} is not a length >= 1")
+        cell = raw[row]
+        if cell is None or (isinstance(cell, float) and math.isnan(cell)):
+            problem = "missing value (NaN)"
+        else:
+            why = "is not a whole number of tokens" if whole and values[row] >= 1 else "is not a length >= 1"
+            problem = f"{show_cell(cell)} {why}"
+        raise ConfigError(f"{what} {path}: row {row + 1} (line {row + 2}), column {col!r}: {problem}")
     return values
 
 
@@ -520,8 +536,8 @@ def load_column(path: str | Path, column: str) -> np.ndarray:
 def load_lengths_file(path: str | Path, prompt_col: str, output_col: str) -> tuple[np.ndarray, np.ndarray]:
     p = resolve_path(path, "lengths file")
     cols = _read_table(p, "lengths file")
-    return (_length_column(cols, prompt_col, p, "lengths file").astype(np.int64),
-            _length_column(cols, output_col, p, "lengths file").astype(np.int64))
+    return (_length_column(cols, prompt_col, p, "lengths file", whole=True).astype(np.int64),
+            _length_column(cols, output_col, p, "lengths file", whole=True).astype(np.int64))
 
 
 # --- synthetic traffic -----------------------------------------------------------------------

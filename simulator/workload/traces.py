@@ -41,6 +41,7 @@ from simulator.workload.generators import (
     num_chunks,
     read_numeric_csv,
     resolve_path,
+    show_cell,
 )
 
 if TYPE_CHECKING:
@@ -221,11 +222,6 @@ def _where(path: Path, lines: np.ndarray, i: int, col: str) -> str:
     return f"trace {path}: row {i + 1} (line {int(lines[i])}), column {col!r}"
 
 
-def _show(value: Any) -> str:
-    """A raw cell as the user wrote it: numpy scalars as plain numbers, text quoted."""
-    return repr(value.item() if isinstance(value, np.generic) else value)
-
-
 Raw = "pd.Series | np.ndarray"  # a column as read: pandas' cells, or _read_numeric's numbers
 
 
@@ -244,7 +240,7 @@ def _numbers(raw: Raw, col: str, path: Path, lines: np.ndarray) -> np.ndarray:
         i = int(bad[0])
         v = raw.iloc[i]
         what = "missing value (NaN)" if v is None or (isinstance(v, float) and np.isnan(v)) \
-            else f"{_show(v)} is not a number"
+            else f"{show_cell(v)} is not a number"
         raise ConfigError(f"{_where(path, lines, i, col)}: {what}")
     return values
 
@@ -255,7 +251,7 @@ def _lengths(raw: Raw, col: str, path: Path, lines: np.ndarray) -> np.ndarray:
     if len(bad):
         i = int(bad[0])
         why = "is negative" if values[i] < 0 else "is not a whole number of tokens"
-        raise ConfigError(f"{_where(path, lines, i, col)}: {_show(_cell(raw, i))} {why}")
+        raise ConfigError(f"{_where(path, lines, i, col)}: {show_cell(_cell(raw, i))} {why}")
     return values.astype(np.int64)
 
 
@@ -268,8 +264,9 @@ def _timestamps(raw: Raw, col: str, unit: str, path: Path, lines: np.ndarray) ->
         bad = np.flatnonzero(t.isna().to_numpy())
         if len(bad):
             i = int(bad[0])
-            raise ConfigError(f"{_where(path, lines, i, col)}: unparseable timestamp {_show(raw.iloc[i])} "
-                              f"(expected ISO 8601, e.g. 2023-11-16 18:15:46.680590)")
+            raise ConfigError(f"{_where(path, lines, i, col)}: unparseable timestamp "
+                              f"{show_cell(raw.iloc[i])} (expected ISO 8601, e.g. "
+                              f"2023-11-16 18:15:46.680590)")
         ns = t.to_numpy(dtype="datetime64[ns]").astype(np.int64)
         return (ns - ns.min()).astype(np.float64) / 1e9
     values = _numbers(raw, col, path, lines)
@@ -289,7 +286,7 @@ def _hash_ids(raw: pd.Series, col: str, path: Path, lines: np.ndarray) -> list[l
         if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool)
                                               for x in v):
             raise ConfigError(f"{_where(path, lines, i, col)}: expected a list of integer ids, "
-                              f"got {_show(raw.iloc[i])}")
+                              f"got {show_cell(raw.iloc[i])}")
         rows.append(v)
     return rows
 
