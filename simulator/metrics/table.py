@@ -111,14 +111,11 @@ def pandas_schema_metadata(meta: list[dict[str, Any]]) -> dict[bytes, bytes]:
 def arrow_schema(columns: dict[str, np.ndarray]):
     """The arrow schema (pandas metadata included) Table.from_pandas(DataFrame(columns),
     preserve_index=False) gives, for int64 / float64 columns; None for other kinds."""
-    import pyarrow as pa
 
     made = _arrow_columns({c: np.zeros(0, v.dtype) for c, v in columns.items()})
     if made is None:
         return None
-    arrays, meta = made
-    return pa.schema([pa.field(c, a.type) for c, a in zip(columns, arrays)],
-                     metadata=pandas_schema_metadata(meta))
+    return _schema(columns, *made)
 
 
 def write_parquet(path: str | Path, columns: dict[str, np.ndarray]) -> None:
@@ -133,6 +130,13 @@ def write_parquet(path: str | Path, columns: dict[str, np.ndarray]) -> None:
     import pyarrow.parquet as pq
 
     arrays, meta = made
-    schema = pa.schema([pa.field(c, a.type) for c, a in zip(columns, arrays)],
-                       metadata=pandas_schema_metadata(meta))
-    pq.write_table(pa.Table.from_arrays(arrays, schema=schema), str(path), compression="snappy")
+    pq.write_table(pa.Table.from_arrays(arrays, schema=_schema(columns, arrays, meta)), str(path),
+                   compression="snappy")
+
+
+def _schema(names, arrays: list, meta: list[dict[str, Any]]):
+    """The arrow schema of these columns with the pandas metadata Table.from_pandas adds."""
+    import pyarrow as pa
+
+    return pa.schema([pa.field(c, a.type) for c, a in zip(names, arrays)],
+                     metadata=pandas_schema_metadata(meta))
