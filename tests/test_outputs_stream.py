@@ -107,6 +107,40 @@ def test_a_short_run_writes_its_last_row_group_in_the_background(tmp_path, monke
         res.recorder.iterations_file()
 
 
+def test_row_groups_are_written_by_a_thread_one_at_a_time(tmp_path, monkeypatch):
+    """A long run's row groups are encoded and written by a thread (beside the simulation), one
+    at a time and in order: the same file; a write that fails raises in the caller's thread."""
+    monkeypatch.setattr(recorder_mod, "_CHUNK_ROWS", 7)
+    monkeypatch.setattr(recorder_mod, "ROW_GROUP_ROWS", 10)
+    threads, in_flight = [], []
+    real = recorder_mod.IterationsWriter._write_table
+
+    def spy(self, table):
+        threads.append(threading.current_thread().name)
+        in_flight.append(self._group is not None)
+        real(self, table)
+    monkeypatch.setattr(recorder_mod.IterationsWriter, "_write_table", spy)
+    res = run(_config(), iterations_path=tmp_path / "it.parquet")
+    meta = pq.ParquetFile(tmp_path / "it.parquet").metadata
+    assert len(threads) == meta.num_row_groups > 2
+    assert set(threads[:-1]) == {"iterations.parquet row group"} and all(in_flight[:-1])
+    monkeypatch.setattr(recorder_mod.IterationsWriter, "_write_table", real)
+    mem = run(_config())
+    assert res.iterations.equals(mem.iterations)
+
+    calls = []
+    real_write = pq.ParquetWriter.write_table
+
+    def failing(self, table, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        real_write(self, table, *args, **kwargs)
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", failing)
+    with pytest.raises(OSError, match="disk full"):
+        run(_config(), iterations_path=tmp_path / "it2.parquet")
+
+
 def test_a_short_streamed_run_keeps_its_compact_columns(tmp_path):
     res = run(_config(), iterations_path=tmp_path / "it.parquet")
     assert not isinstance(res.steps, StreamedSteps)

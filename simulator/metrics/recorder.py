@@ -186,6 +186,8 @@ class IterationsWriter:
         self.num_rows = 0
         self._thread: threading.Thread | None = None  # a background close (close(background=True))
         self._error: BaseException | None = None
+        self._group: threading.Thread | None = None  # the row group being encoded and written
+        self._group_error: BaseException | None = None
 
     def write(self, chunk: dict[str, np.ndarray]) -> None:
         """A sealed chunk (table columns in order, compact dtypes); whole row groups go out."""
@@ -218,9 +220,33 @@ class IterationsWriter:
             # NOTE: the schema Table.from_pandas gives these columns, made without pandas
             self._schema = arrow_schema(columns)
             self._writer = pq.ParquetWriter(self.path, self._schema, compression="snappy")
-        self._writer.write_table(pa.Table.from_arrays(
-            [arrow_array(v, from_pandas=False) for v in columns.values()], schema=self._schema))
+        table = pa.Table.from_arrays([arrow_array(v, from_pandas=False) for v in columns.values()],
+                                     schema=self._schema)
+        del columns
+        self._join_group()
+        # NOTE: encoded and compressed by a thread while the run goes on (pyarrow does it without
+        # the GIL: the second core); one group at a time, in order, so the file's bytes are the
+        # same, and its memory is bounded by the group in flight
+        self._group = threading.Thread(target=self._write_table, args=(table,),
+                                       name="iterations.parquet row group")
+        self._group.start()
         self.num_rows += n
+
+    def _write_table(self, table) -> None:
+        try:
+            self._writer.write_table(table)
+        except BaseException as e:  # noqa: BLE001 (raised again by _join_group, in the caller's thread)
+            self._group_error = e
+
+    def _join_group(self) -> None:
+        """The row group in flight written (its error raised here), its memory handed back."""
+        if self._group is None:
+            return
+        self._group.join()
+        self._group = None
+        error, self._group_error = self._group_error, None
+        if error is not None:
+            raise error
         release_memory(self.num_rows)  # the group's columns, freed
 
     def close(self, *, background: bool = False) -> None:
@@ -253,6 +279,7 @@ class IterationsWriter:
     def _close(self) -> None:
         if self._rows:
             self._write_group(self._rows)
+        self._join_group()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
