@@ -162,20 +162,32 @@ def test_null_sections_are_their_defaults_and_set_edits_default_mappings():
     assert cfg.cluster == ClusterConfig(replicas=2) and cfg.slo.ttft_s == 1.0
 
 
-def test_set_switching_a_distribution_drops_the_defaults_it_does_not_take():
+def test_set_switching_a_distribution_drops_the_defaults_it_does_not_take(tmp_path):
     """`--set X.dist=constant` on the default lognormal: its mean and cv go (the clip bounds,
-    which constant takes too, stay), in either order with the new key; a key the user gave
-    that the new distribution does not take is still refused by name."""
+    which constant takes too, stay), in either order with the new key, and come back when the
+    dist is switched back; a key the user gave stays (refused by name if the new distribution
+    does not take it), even one equal to the default, and so do a config file's keys."""
     for sets in (["workload.output_tokens.dist=constant", "workload.output_tokens.value=200"],
                  ["workload.output_tokens.value=200", "workload.output_tokens.dist=constant"]):
         cfg = build_config(None, sets)
         assert cfg.workload.output_tokens == {"dist": "constant", "value": 200, "min": 1, "max": 2048}
+    back = build_config(None, ["workload.output_tokens.dist=constant",
+                               "workload.output_tokens.dist=lognormal"])
+    assert back.workload.output_tokens == SimConfig().workload.output_tokens
     with pytest.raises(ConfigError, match=r"workload.output_tokens: missing 'value'"):
         build_config(None, ["workload.output_tokens.dist=constant"])
-    with pytest.raises(ConfigError, match=r"unknown key 'mean'; valid: dist, min, max, value"):
-        build_config(None, ["workload.output_tokens.mean=5", "workload.output_tokens.dist=constant"])
+    for given in ("5", "337.99"):  # (337.99 is the default's mean: given, it is the user's)
+        with pytest.raises(ConfigError, match=r"unknown key 'mean'; valid: dist, min, max, value"):
+            build_config(None, [f"workload.output_tokens.mean={given}",
+                                "workload.output_tokens.dist=constant", "workload.output_tokens.value=5"])
+    f = tmp_path / "c.yaml"
+    f.write_text("workload:\n  output_tokens: {dist: lognormal, mean: 337.99, cv: 1.0}\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'mean'"):
+        build_config(f, ["workload.output_tokens.dist=constant", "workload.output_tokens.value=5"])
     cfg = build_config(None, ["workload.arrival.process=gamma", "workload.arrival.cv=2"])
     assert cfg.workload.arrival == {"process": "gamma", "rate": 20.0, "cv": 2}
+    with pytest.raises(ConfigError, match=r"cluster.transfer: unknown key 'process'; valid: kind, "):
+        build_config(None, ["cluster.transfer.process=gamma"])  # not the tag of that mapping
 
 
 def test_replace_validates():

@@ -139,8 +139,9 @@ def make_tasks(base: dict[str, Any], grid: dict[str, list[Any]], seeds: list[int
     for combo in itertools.product(*(grid[k] for k in keys)):
         for seed in seeds:
             data = json.loads(json.dumps(base))  # deep copy of plain YAML data
+            origins: dict = {}  # (a grid key that switches a tagged mapping: apply_override)
             for k, v in zip(keys, combo):
-                apply_override(data, k, v)
+                apply_override(data, k, v, origins)
             data["seed"] = seed
             params = dict(zip(keys, combo))
             tasks.append(Task(task_id(data), params, seed, data))

@@ -83,8 +83,9 @@ def build_planner(args: argparse.Namespace, log):
 
     data = load_config(args.config)
     data.pop("sweep", None)
+    origins: dict = {}  # (a tagged mapping switched by --set keeps only what its member takes)
     for k, v in _pairs(args.overrides, "set").items():
-        apply_override(data, k, v)
+        apply_override(data, k, v, origins)
     from_dict(data)
     slo_items = _pairs(args.slo, "slo")
     for k in slo_items:

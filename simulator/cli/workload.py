@@ -86,13 +86,14 @@ def load_source(source: str, fmt: str | None = None, overrides: list[str] | None
             raise ConfigError(f"--format {fmt}: {source} has no workload.trace (its requests are "
                               f"generated); --format names the format of a trace file")
         data["workload"]["format"] = fmt
+    origins: dict = {}  # (a tagged mapping switched by --set keeps only what its member takes)
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"--set expects key=value, got {item!r}")
         key, value = (x.strip() for x in item.split("=", 1))
         if key.split(".")[0] in fields:
             key = f"workload.{key}"
-        apply_override(data, key, yaml.safe_load(value))
+        apply_override(data, key, yaml.safe_load(value), origins)
     if seed is not None:
         data["seed"] = seed
     config = from_dict(data)

@@ -117,6 +117,15 @@ def tagged(key: str, what: str, models: dict[str, type[BaseModel]], default: str
     return Annotated[union, Discriminator(tag, custom_error_type=_UNION, custom_error_message=key)]
 
 
+def union_tag(value: Any) -> str | None:
+    """The tag key of the tagged union whose member `value` is (a LognormalLength: "dist"), or
+    None where it is no member of one."""
+    for key, members in _MEMBERS.items():
+        if type(value) in members.values():
+            return key
+    return None
+
+
 def tagged_fields(key: str, name: Any) -> frozenset[str] | None:
     """The keys the tagged union member `key: name` takes (`dist: constant`: dist, min, max,
     value), or None where `key` tags no union or `name` names no member."""

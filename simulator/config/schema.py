@@ -34,6 +34,7 @@ from simulator.config.fields import (
     number,
     one_of,
     tagged_fields,
+    union_tag,
 )
 from simulator.config.paths import rebase_paths
 from simulator.config.sections import AlertsConfig, ClusterConfig, SloConfig
@@ -215,8 +216,26 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def apply_override(data: dict[str, Any], key: str, value: Any) -> None:
-    """Set `key` (dotted, or a bare field name of exactly one section) in the raw dict."""
+@dataclass(slots=True)
+class _Defaulted:
+    """A tagged mapping `--set` copied from its field's default (the default lognormal of
+    workload.output_tokens): its tag key, the default as data, and the keys still as copied
+    (not given by the user since)."""
+
+    tag: str
+    default: dict[str, Any]
+    keys: set[str]
+
+
+Origins = dict[int, tuple[dict[str, Any], _Defaulted]]  # id(mapping) -> (it, what it holds from its default)
+
+
+def apply_override(data: dict[str, Any], key: str, value: Any, origins: Origins | None = None) -> None:
+    """Set `key` (dotted, or a bare field name of exactly one section) in the raw dict.
+    `origins` (one per sequence of overrides, `apply_overrides`): what the sequence copied from
+    fields' defaults, so that switching a copied tagged mapping to another member
+    (`workload.output_tokens.dist=constant`) keeps only the default's keys the new member takes
+    (`_switch_member`); without it a switch keeps every key."""
     parts = key.split(".")
     top = _field_names(SimConfig)
     if len(parts) == 1 and parts[0] not in top:
@@ -230,26 +249,35 @@ def apply_override(data: dict[str, Any], key: str, value: Any) -> None:
     for depth, p in enumerate(parts[:-1]):
         if p not in node:
             # `--set workload.prompt_tokens.mean=600` tweaks the default mapping, not a blank one
-            node[p] = _default_mapping(parts[0], p) if depth == 1 else {}
+            node[p] = _default_mapping(parts[0], p, origins) if depth == 1 else {}
         node = node[p]
         if not isinstance(node, dict):
             raise ConfigError(f"--set {key}: {p} is not a section")
-    if len(parts) == 3 and node.get(parts[-1], value) != value:
-        _drop_default_keys(node, parts, value)
-    node[parts[-1]] = value
+    leaf = parts[-1]
+    copied = origins.get(id(node)) if origins and len(parts) == 3 else None
+    node[leaf] = value
+    if copied is not None and copied[0] is node:
+        d = copied[1]
+        if leaf == d.tag:
+            _switch_member(node, d)
+        else:
+            d.keys.discard(leaf)
 
 
-def _drop_default_keys(node: dict[str, Any], parts: list[str], value: Any) -> None:
-    """`--set workload.output_tokens.dist=constant` switches a tagged mapping to another member:
-    the keys it holds from the field's default (the default lognormal's mean and cv) that the
-    new member does not take are dropped; a key the user gave stays (and is refused by name if
-    the new member does not take it)."""
-    fields = tagged_fields(parts[-1], value)
+def _switch_member(node: dict[str, Any], d: _Defaulted) -> None:
+    """A mapping copied from its default now names another member by its tag: each key still as
+    copied stays (at the default's value) where the member takes it and goes where it does not,
+    so `dist=constant` drops the default lognormal's mean and cv, keeps its min and max, and
+    `dist=lognormal` after it brings them back; a key the user gave stays (and is refused by
+    name if the member does not take it). An unknown member: nothing moves (refused later)."""
+    fields = tagged_fields(d.tag, node[d.tag])
     if fields is None:
         return
-    default = _default_mapping(parts[0], parts[1])
-    for k in [k for k in node if k not in fields and k in default and node[k] == default[k]]:
-        del node[k]
+    for k in d.keys:
+        if k in fields:
+            node[k] = d.default[k]
+        else:
+            node.pop(k, None)
 
 
 def split_override(item: str, flag: str = "--set") -> tuple[str, Any]:
@@ -260,26 +288,38 @@ def split_override(item: str, flag: str = "--set") -> tuple[str, Any]:
     return k.strip(), parse_value(v)
 
 
-def apply_overrides(data: dict[str, Any], items: list[str] | None, where: str = "") -> None:
-    """Apply `--set key=value` items in order to a raw config dict (`where` prefixes errors)."""
+def apply_overrides(data: dict[str, Any], items: list[str] | None, where: str = "",
+                    origins: Origins | None = None) -> None:
+    """Apply `--set key=value` items in order to a raw config dict (`where` prefixes errors);
+    `origins`: as apply_override's, shared with overrides applied after these (one is made for
+    the items when none is given)."""
+    origins = {} if origins is None else origins
     for item in items or []:
-        apply_override(data, *split_override(item, f"{where}--set"))
+        apply_override(data, *split_override(item, f"{where}--set"), origins)
 
 
-def _default_mapping(section: str, name: str) -> dict[str, Any]:
-    """The default of a mapping-valued field as plain data ({} if it has none)."""
+def _default_mapping(section: str, name: str, origins: Origins | None = None) -> dict[str, Any]:
+    """The default of a mapping-valued field as plain data ({} if it has none); a tagged one is
+    noted in `origins` (apply_override)."""
     cls = SECTIONS.get(section)
     info = cls.model_fields.get(name) if cls else None
     default = info.get_default(call_default_factory=True) if info else None
-    return dump(default) if isinstance(default, (dict, BaseModel)) else {}
+    if not isinstance(default, (dict, BaseModel)):
+        return {}
+    data = dump(default)
+    tag = union_tag(default)
+    if origins is not None and tag is not None and tag in data:
+        origins[id(data)] = (data, _Defaulted(tag, dict(data), set(data) - {tag}))
+    return data
 
 
 def build_config(path: str | Path | None = None, overrides: list[str] | None = None,
                  extra: dict[str, Any] | None = None) -> SimConfig:
     data = load_config(path)
-    apply_overrides(data, overrides)
+    origins: Origins = {}
+    apply_overrides(data, overrides, origins=origins)
     for k, v in (extra or {}).items():
-        apply_override(data, k, v)
+        apply_override(data, k, v, origins)
     return from_dict(data)
 
 
