@@ -107,27 +107,51 @@ def test_a_short_run_writes_its_last_row_group_in_the_background(tmp_path, monke
         res.recorder.iterations_file()
 
 
+class _InlineThread:
+    """threading.Thread that runs its target at start(): the writes in the caller's order."""
+
+    def __init__(self, target, args=(), name=None):
+        self._run = lambda: target(*args)
+
+    def start(self):
+        self._run()
+
+    def join(self):
+        pass
+
+
 def test_row_groups_are_written_by_a_thread_one_at_a_time(tmp_path, monkeypatch):
     """A long run's row groups are encoded and written by a thread (beside the simulation), one
-    at a time and in order: the same file; a write that fails raises in the caller's thread."""
+    at a time and in order: the file's bytes are those of writing each group inline; a write
+    that fails raises in the caller's thread, and again at every later call."""
     monkeypatch.setattr(recorder_mod, "_CHUNK_ROWS", 7)
     monkeypatch.setattr(recorder_mod, "ROW_GROUP_ROWS", 10)
-    threads, in_flight = [], []
+    threads, active, most = [], [0], [0]
+    lock = threading.Lock()
     real = recorder_mod.IterationsWriter._write_table
 
     def spy(self, table):
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
         threads.append(threading.current_thread().name)
-        in_flight.append(self._group is not None)
+        time.sleep(0.002)  # long enough for a second group to start, were it allowed to
         real(self, table)
+        with lock:
+            active[0] -= 1
     monkeypatch.setattr(recorder_mod.IterationsWriter, "_write_table", spy)
-    res = run(_config(), iterations_path=tmp_path / "it.parquet")
-    meta = pq.ParquetFile(tmp_path / "it.parquet").metadata
-    assert len(threads) == meta.num_row_groups > 2
-    assert set(threads[:-1]) == {"iterations.parquet row group"} and all(in_flight[:-1])
+    run(_config(), iterations_path=tmp_path / "it.parquet")
+    groups = pq.ParquetFile(tmp_path / "it.parquet").metadata.num_row_groups
+    assert len(threads) == groups > 2 and most[0] == 1
+    assert set(threads[:-1]) == {"iterations.parquet row group"}
     monkeypatch.setattr(recorder_mod.IterationsWriter, "_write_table", real)
-    mem = run(_config())
-    assert res.iterations.equals(mem.iterations)
+    monkeypatch.setattr(recorder_mod.threading, "Thread", _InlineThread)
+    run(_config(), iterations_path=tmp_path / "inline.parquet")
+    assert (tmp_path / "it.parquet").read_bytes() == (tmp_path / "inline.parquet").read_bytes()
+    monkeypatch.undo()
 
+    monkeypatch.setattr(recorder_mod, "_CHUNK_ROWS", 7)
+    monkeypatch.setattr(recorder_mod, "ROW_GROUP_ROWS", 10)
     calls = []
     real_write = pq.ParquetWriter.write_table
 
@@ -137,8 +161,34 @@ def test_row_groups_are_written_by_a_thread_one_at_a_time(tmp_path, monkeypatch)
             raise OSError("disk full")
         real_write(self, table, *args, **kwargs)
     monkeypatch.setattr(pq.ParquetWriter, "write_table", failing)
-    with pytest.raises(OSError, match="disk full"):
-        run(_config(), iterations_path=tmp_path / "it2.parquet")
+    writer = recorder_mod.IterationsWriter(tmp_path / "w.parquet")
+    chunk = {c: np.zeros(10) for c in ("start_s", "duration_s")}
+    writer.write(chunk)
+    writer.write(chunk)  # the second group fails in its thread
+    for again in (lambda: writer.write(chunk), writer.close, writer.wait):
+        with pytest.raises(OSError, match="disk full"):
+            again()
+
+
+def test_a_failed_run_leaves_no_partial_iterations_file(tmp_path, monkeypatch):
+    """The simulation raises while a row group is in flight: the group is joined, the writer
+    closed and the partial file removed; the run's own error is what the caller sees."""
+    monkeypatch.setattr(recorder_mod, "_CHUNK_ROWS", 7)
+    monkeypatch.setattr(recorder_mod, "ROW_GROUP_ROWS", 10)
+    real = recorder_mod.MetricsRecorder._seal
+    calls = []
+
+    def seal(self):  # the 4th chunk of 7 steps: two row groups of 10 gone to the writer
+        calls.append(1)
+        if len(calls) == 4:
+            raise RuntimeError("boom")
+        real(self)
+    monkeypatch.setattr(recorder_mod.MetricsRecorder, "_seal", seal)
+    path = tmp_path / ".it.parquet.partial"
+    with pytest.raises(RuntimeError, match="boom"):
+        run(_config(), iterations_path=path)
+    assert len(calls) == 4 and not path.exists()
+    assert not [t for t in threading.enumerate() if t.name.startswith("iterations.parquet")]
 
 
 def test_a_short_streamed_run_keeps_its_compact_columns(tmp_path):

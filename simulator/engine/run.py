@@ -184,7 +184,12 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *,
     cluster = Cluster(replicas, router)
     env.process(feed_arrivals(env, workload, cluster, clock))
     t0 = time.perf_counter()
-    run_env(env)
+    try:
+        run_env(env)
+    except BaseException:
+        for rec in recorders:  # (a row group may be in flight: nothing may write the file after)
+            rec.abort()
+        raise
     wall = time.perf_counter() - t0
     if n == 1:  # the plain single-replica outputs
         merged: MetricsRecorder | MergedRecorder = recorders[0]

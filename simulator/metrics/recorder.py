@@ -188,9 +188,11 @@ class IterationsWriter:
         self._error: BaseException | None = None
         self._group: threading.Thread | None = None  # the row group being encoded and written
         self._group_error: BaseException | None = None
+        self._failed: BaseException | None = None  # a write that failed: raised again by every call
 
     def write(self, chunk: dict[str, np.ndarray]) -> None:
         """A sealed chunk (table columns in order, compact dtypes); whole row groups go out."""
+        self._check()
         self._parts.append(chunk)
         self._rows += len(next(iter(chunk.values())))
         while self._rows >= ROW_GROUP_ROWS:
@@ -246,8 +248,32 @@ class IterationsWriter:
         self._group = None
         error, self._group_error = self._group_error, None
         if error is not None:
+            self._failed = error
             raise error
         release_memory(self.num_rows)  # the group's columns, freed
+
+    def _check(self) -> None:
+        """A failed write fails every later call: the file would miss a row group."""
+        if self._failed is not None:
+            raise self._failed
+
+    def abort(self) -> None:
+        """The run failed: the group in flight joined (its error dropped: the run's own is
+        raised), the writer closed and the partial file removed, so nothing writes to it."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._group is not None:
+            self._group.join()
+            self._group = None
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except Exception:  # noqa: BLE001, S110 (the run's own error is what is raised)
+                pass
+            self._writer = None
+        self.path.unlink(missing_ok=True)
+        self._failed = self._failed or RuntimeError(f"{self.path}: the run failed; not written")
 
     def close(self, *, background: bool = False) -> None:
         """The last (short) row group and the footer; a run without steps writes the empty
@@ -268,15 +294,17 @@ class IterationsWriter:
         self._thread.start()
 
     def wait(self) -> None:
-        """The file complete (a background close joined; its error raised here)."""
+        """The file complete (a background close joined; its error raised here, and again by
+        every later call)."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-            error, self._error = self._error, None
-            if error is not None:
-                raise error
+            if self._error is not None:
+                self._failed = self._error
+        self._check()
 
     def _close(self) -> None:
+        self._check()
         if self._rows:
             self._write_group(self._rows)
         self._join_group()
@@ -553,6 +581,11 @@ class MetricsRecorder:
             self._writer.close(background=self.num_steps <= ROW_GROUP_ROWS)
         release_memory(self.num_steps)  # the last chunks and row group, freed
         self._done = True
+
+    def abort(self) -> None:
+        """The run failed: a streamed iterations file is abandoned (IterationsWriter.abort)."""
+        if self._writer is not None:
+            self._writer.abort()
 
     def iterations_file(self) -> Path | None:
         """The parquet file the iterations table was streamed to, complete (None: not
