@@ -175,6 +175,8 @@ GOOD = "2023-11-16 18:15:46.6805900,374,44\n"
      r"row 2 \(line 3\), column 'ContextTokens': -5 is negative"),
     (AZ + GOOD + "2023-11-16 18:15:47.0,12.5,44\n",
      r"row 2 \(line 3\), column 'ContextTokens': 12.5 is not a whole number"),
+    (AZ + GOOD + "2023-11-16 18:15:47.0,10,30000000000\n",  # (an int64 cast of 1e20 wraps around)
+     r"row 2 \(line 3\), column 'GeneratedTokens': 30000000000 is above 2,147,483,647 tokens"),
     (AZ + GOOD + "2023-11-16 18:15:47.0,10,\n",
      r"row 2 \(line 3\), column 'GeneratedTokens': missing value \(NaN\)"),
     (AZ + GOOD + "2023-11-16 18:15:47.0,10,NaN\n",

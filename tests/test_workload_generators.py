@@ -140,9 +140,10 @@ def test_empirical_lengths_from_file(tmp_path):
     ("lens.jsonl", '{"a": 10, "b": 1}\n{"a": 20, "b": 2}\n', None),  # pandas reads it
     ("lens.csv", "a,b\n10,1\n20,x\n", r"row 2 \(line 3\), column 'b': 'x' is not a length >= 1"),
     ("lens.jsonl", '{"a": 10, "b": 1}\n{"a": 20, "b": null}\n',
-     r"row 2 \(line 3\), column 'b': missing value \(NaN\)$"),
+     r"row 2 \(line 2\), column 'b': missing value \(NaN\)$"),  # (JSONL: no header line)
     ("lens.csv", "a,b\n10,1\n0,2\n", r"row 2 \(line 3\), column 'a': 0 is not a length >= 1$"),
     ("lens.csv", "a,b\n10,1\n20,2.5\n", r"line 3\), column 'b': 2.5 is not a whole number of tokens$"),
+    ("lens.csv", "a,b\n10,1\n20,1e20\n", r"line 3\), column 'b': 1e\+20 is above 2,147,483,647 tokens"),
     ("lens.csv", "a,b\n", r"lens.csv: no rows"),
 ])
 def test_lengths_file_through_pyarrow_or_pandas(tmp_path, name, text, error):

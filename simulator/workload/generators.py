@@ -476,7 +476,7 @@ def _read_table(path: Path, what: str) -> dict[str, np.ndarray]:
     to coerce); an empty file, one pandas cannot read and one with no rows are one-line errors."""
     if path.stat().st_size == 0:
         raise ConfigError(f"{what} {path}: empty file")
-    is_json = path.suffix in (".jsonl", ".ndjson") or path.name.endswith((".jsonl.gz", ".ndjson.gz"))
+    is_json = _is_jsonl(path)
     if not is_json:
         cols = read_numeric_csv(path)
         if cols is not None:
@@ -490,6 +490,21 @@ def _read_table(path: Path, what: str) -> dict[str, np.ndarray]:
     if df.empty:
         raise ConfigError(f"{what} {path}: no rows")
     return {name: df[name].to_numpy() for name in df.columns}
+
+
+MAX_LENGTH = 2**31 - 1  # the longest prompt or output kvsim reads (int64 casts of more wrap around)
+
+
+def missing_cell(value: Any) -> bool:
+    """Whether a raw cell is empty (None, or pandas' NaN for it)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+TOO_LONG = f"is above {MAX_LENGTH:,} tokens (the longest length kvsim reads)"
+
+
+def _is_jsonl(path: Path) -> bool:
+    return path.suffix in (".jsonl", ".ndjson") or path.name.endswith((".jsonl.gz", ".ndjson.gz"))
 
 
 def show_cell(value: Any) -> str:
@@ -512,19 +527,23 @@ def _length_column(cols: dict[str, np.ndarray], col: str, path: Path, what: str,
         import pandas as pd
 
         values = np.asarray(pd.to_numeric(raw, errors="coerce"), dtype=np.float64)
-    wrong = ~np.isfinite(values) | (values < 1)
+    wrong = ~np.isfinite(values) | (values < 1) | (values > MAX_LENGTH)
     if whole:
         wrong |= values != np.floor(values)
     bad = np.flatnonzero(wrong)
     if len(bad):
         row = int(bad[0])
         cell = raw[row]
-        if cell is None or (isinstance(cell, float) and math.isnan(cell)):
+        v = values[row]
+        if missing_cell(cell):
             problem = "missing value (NaN)"
+        elif v > MAX_LENGTH and np.isfinite(v):
+            problem = f"{show_cell(cell)} {TOO_LONG}"
         else:
-            why = "is not a whole number of tokens" if whole and values[row] >= 1 else "is not a length >= 1"
+            why = "is not a whole number of tokens" if whole and v >= 1 else "is not a length >= 1"
             problem = f"{show_cell(cell)} {why}"
-        raise ConfigError(f"{what} {path}: row {row + 1} (line {row + 2}), column {col!r}: {problem}")
+        line = row + (1 if _is_jsonl(path) else 2)  # (a CSV's first line is its header)
+        raise ConfigError(f"{what} {path}: row {row + 1} (line {line}), column {col!r}: {problem}")
     return values
 
 

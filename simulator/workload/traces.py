@@ -36,8 +36,11 @@ from simulator.config.workload import TIMESTAMP_UNITS, WorkloadConfig
 from simulator.errors import ConfigError
 from simulator.workload.generators import (
     ARRIVALS,
+    MAX_LENGTH,
+    TOO_LONG,
     ChunkIds,
     RequestArrays,
+    missing_cell,
     num_chunks,
     read_numeric_csv,
     resolve_path,
@@ -239,18 +242,18 @@ def _numbers(raw: Raw, col: str, path: Path, lines: np.ndarray) -> np.ndarray:
     if len(bad):
         i = int(bad[0])
         v = raw.iloc[i]
-        what = "missing value (NaN)" if v is None or (isinstance(v, float) and np.isnan(v)) \
-            else f"{show_cell(v)} is not a number"
+        what = "missing value (NaN)" if missing_cell(v) else f"{show_cell(v)} is not a number"
         raise ConfigError(f"{_where(path, lines, i, col)}: {what}")
     return values
 
 
 def _lengths(raw: Raw, col: str, path: Path, lines: np.ndarray) -> np.ndarray:
     values = _numbers(raw, col, path, lines)
-    bad = np.flatnonzero((values < 0) | (values != np.floor(values)))
+    bad = np.flatnonzero((values < 0) | (values != np.floor(values)) | (values > MAX_LENGTH))
     if len(bad):
         i = int(bad[0])
-        why = "is negative" if values[i] < 0 else "is not a whole number of tokens"
+        v = values[i]
+        why = "is negative" if v < 0 else TOO_LONG if v > MAX_LENGTH else "is not a whole number of tokens"
         raise ConfigError(f"{_where(path, lines, i, col)}: {show_cell(_cell(raw, i))} {why}")
     return values.astype(np.int64)
 
