@@ -262,20 +262,26 @@ _DOT_CHUNK = 1 << 16  # elements multiplied (into one buffer) and summed at a ti
 
 
 def dot(a: np.ndarray, b: np.ndarray) -> float:
-    """sum(a * b), the same on every machine: numpy's pairwise sum of the products, a fixed
-    chunk at a time, the chunks' sums added exactly (math.fsum).
+    """sum(a * b) of two 1-D arrays of one length, the same on every machine: numpy's pairwise
+    sum of the products (float64 for floats, exact for integers), a fixed chunk at a time, the
+    chunks' sums added exactly (math.fsum; in order where one is not finite).
     NOTE: not `a @ b`: BLAS splits a dot product of > ~10,000 elements over its threads, so
-    its last digits depend on the number of cores (OPENBLAS_NUM_THREADS 1 and 2 differed in ~9
+    its last digits depend on the number of cores (OPENBLAS_NUM_THREADS 1 and 2 differed in ~6
     fields of a W1 summary.json)."""
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"dot: two 1-D arrays of one length, got shapes {a.shape} and {b.shape}")
+    dtype = np.result_type(a, b)
+    if dtype.kind == "f":
+        dtype = np.dtype(np.float64)
     n = len(a)
     if n <= _DOT_CHUNK:
-        return float(np.multiply(a, b).sum())
-    buf = np.empty(_DOT_CHUNK, np.result_type(a, b))
+        return float(np.multiply(a, b, dtype=dtype).sum())
+    buf = np.empty(_DOT_CHUNK, dtype)
     sums = []
     for lo in range(0, n, _DOT_CHUNK):
         hi = min(lo + _DOT_CHUNK, n)
-        sums.append(np.multiply(a[lo:hi], b[lo:hi], out=buf[:hi - lo]).sum())
-    return math.fsum(sums)
+        sums.append(float(np.multiply(a[lo:hi], b[lo:hi], out=buf[:hi - lo]).sum()))
+    return math.fsum(sums) if all(map(math.isfinite, sums)) else float(np.sum(sums))
 
 
 def integral(fn: StepFunction, t0: float, t1: float) -> float:
