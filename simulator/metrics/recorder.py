@@ -47,6 +47,7 @@ from simulator.workload.request import Request
 
 if TYPE_CHECKING:
     import pandas as pd
+    import pyarrow as pa
 
 ITER_COLUMNS = ("start_s", "duration_s", "num_seqs", "num_tokens", "prefill_tokens",
                 "decode_tokens", "num_preempted", "num_admitted", "num_running", "num_waiting",
@@ -234,7 +235,7 @@ class IterationsWriter:
         self._group.start()
         self.num_rows += n
 
-    def _write_table(self, table) -> None:
+    def _write_table(self, table: pa.Table) -> None:
         try:
             self._writer.write_table(table)
         except BaseException as e:  # noqa: BLE001 (raised again by _join_group, in the caller's thread)

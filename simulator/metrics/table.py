@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -111,7 +112,6 @@ def pandas_schema_metadata(meta: list[dict[str, Any]]) -> dict[bytes, bytes]:
 def arrow_schema(columns: dict[str, np.ndarray]):
     """The arrow schema (pandas metadata included) Table.from_pandas(DataFrame(columns),
     preserve_index=False) gives, for int64 / float64 columns; None for other kinds."""
-
     made = _arrow_columns({c: np.zeros(0, v.dtype) for c, v in columns.items()})
     if made is None:
         return None
@@ -134,7 +134,7 @@ def write_parquet(path: str | Path, columns: dict[str, np.ndarray]) -> None:
                    compression="snappy")
 
 
-def _schema(names, arrays: list, meta: list[dict[str, Any]]):
+def _schema(names: Iterable[str], arrays: list, meta: list[dict[str, Any]]):
     """The arrow schema of these columns with the pandas metadata Table.from_pandas adds."""
     import pyarrow as pa
 
