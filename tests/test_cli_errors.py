@@ -225,3 +225,78 @@ def test_every_command_bad_input_is_one_line(capsys, tmp_path, monkeypatch, no_s
     assert code == 2, err
     assert len(err.splitlines()) == 1, err
     assert "Traceback" not in err and expected in err
+
+
+def _one_line(capsys, argv: list[str]) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("kvsim: error: "), err
+    return err
+
+
+def test_unreadable_and_unwritable_paths_are_one_line(tmp_path, capsys):
+    """Probed as a new user would: an output under /proc, a .gz that is not gzip, a config
+    or GPU profile that is not UTF-8 text or not a mapping, a profile's negative price."""
+    assert "/proc/kvsim-x: No such file or directory" in _one_line(
+        capsys, ["run", "--quiet", "--out", "/proc/kvsim-x", "--set", "workload.num_requests=2"])
+    gz = tmp_path / "t.csv.gz"
+    gz.write_bytes(b"not gzip")
+    assert f"trace {gz}: cannot read (Not a gzipped file" in _one_line(
+        capsys, ["run", "--quiet", "--out", str(tmp_path / "o"), "--set", f"workload.trace={gz}"])
+    binary = tmp_path / "b.yaml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    assert f"config file {binary}: not UTF-8 text" in _one_line(capsys, ["run", str(binary)])
+    for text, expected in (("- a\n- b\n", "expected a mapping of fields, got list"),
+                           ("name: x\nmemory_gib: 80\nhbm_bandwidth_gbps: 2000\npeak_tflops: {fp16: 1}\n"
+                            "calibration: abc\n", "calibration must be a mapping, got 'abc'"),
+                           ("name: x\nmemory_gib: 80\nhbm_bandwidth_gbps: 2000\npeak_tflops: {fp16: 1}\n"
+                            "price_per_hour: -3\n", "price_per_hour must be a number of $ per GPU-hour")):
+        gpu = tmp_path / "g.yaml"
+        gpu.write_text(text)
+        assert expected in _one_line(capsys, ["run", "--quiet", "--gpu", str(gpu)])
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--set", "workload.prompt_tokens.cv=1000000000000000000"],
+     "workload.prompt_tokens.cv must be a coefficient of variation in (0, 100]"),
+    (["--set", "workload.arrival={process: gamma, rate: 5, cv: 1.0e+300}"],
+     "workload.arrival.cv must be a coefficient of variation in (0, 100]"),
+])
+def test_out_of_range_spreads_are_named(capsys, args, expected):
+    code, err = run_cli(capsys, *args)
+    assert code == 2 and len(err.splitlines()) == 1 and expected in err, err
+
+
+def test_exponent_without_a_dot_is_a_number(tmp_path):
+    """PyYAML reads `1e3` as text (YAML 1.1); `--set` reads it as the number JSON and Python do."""
+    from simulator.config.schema import build_config, parse_value
+
+    assert parse_value("1e3") == 1000.0 and parse_value("-5E-1") == -0.5 and parse_value("1e") == "1e"
+    assert build_config(None, ["workload.arrival.rate=1e3"]).workload.arrival["rate"] == 1000.0
+
+
+def test_model_config_with_zero_heads_is_refused(tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, '
+                   '"num_attention_heads": 0, "num_hidden_layers": 32, "intermediate_size": 14336, '
+                   '"vocab_size": 128256, "max_position_embeddings": 8192}')
+    assert "num_attention_heads must be an integer >= 1, got 0" in _one_line(
+        capsys, ["run", "--quiet", "--model", str(cfg)])
+
+
+def test_plan_rate_must_be_finite_and_a_baseline_numbers(tmp_path, capsys):
+    assert "--rate must be a finite number of req/s > 0, got inf" in _one_line(
+        capsys, ["plan", "--rate", "inf", "--gpus", "h100", "--out", str(tmp_path / "p")])
+    import json
+
+    from simulator.analysis.regress import load_baseline
+    from simulator.errors import ConfigError
+
+    good = json.loads((Path(__file__).resolve().parent.parent / "regress/baseline.json").read_text())
+    name = next(iter(good["scenarios"]))
+    metric = next(iter(good["scenarios"][name]["metrics"]))
+    for bad in ("abc", float("nan")):
+        good["scenarios"][name]["metrics"][metric] = bad
+        (tmp_path / "b.json").write_text(json.dumps(good))
+        with pytest.raises(ConfigError, match=f"{name} {metric} must be a finite number or null"):
+            load_baseline(tmp_path / "b.json")

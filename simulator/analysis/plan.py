@@ -158,8 +158,9 @@ class Planner:
         self.log = log
         self.probes: list[dict[str, Any]] = []
         self.candidates: list[Candidate] = []
-        if not (isinstance(settings.target_rate, (int, float)) and settings.target_rate > 0):
-            raise ConfigError(f"--rate must be > 0 req/s, got {settings.target_rate!r}")
+        r = settings.target_rate
+        if isinstance(r, bool) or not (isinstance(r, (int, float)) and math.isfinite(r) and r > 0):
+            raise ConfigError(f"--rate must be a finite number of req/s > 0, got {r!r}")
         cfg = from_dict(base)
         self.is_trace = cfg.workload.trace is not None
         self._offsets = self._window_offsets(cfg)

@@ -141,6 +141,8 @@ def _read_yaml(path: Path) -> Any:
         return yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML ({yaml_problem(e)})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e})") from None
 
 
 def load_suite(suite: str | Path) -> list[Scenario]:
@@ -266,7 +268,18 @@ def load_baseline(path: str | Path) -> dict[str, dict[str, float | None]]:
     scenarios = data.get("scenarios")
     if not isinstance(scenarios, dict):
         raise ConfigError(f"baseline {path}: `scenarios` must be a mapping")
-    return {name: dict(entry.get("metrics", {})) for name, entry in scenarios.items()}
+    out: dict[str, dict[str, float | None]] = {}
+    for name, entry in scenarios.items():
+        metrics = entry.get("metrics", {}) if isinstance(entry, dict) else None
+        if not isinstance(metrics, dict):
+            raise ConfigError(f"baseline {path}: scenario {name!r} must map metrics to numbers")
+        for metric, v in metrics.items():
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or not math.isfinite(v)):
+                raise ConfigError(f"baseline {path}: {name} {metric} must be a finite number or "
+                                  f"null, got {v!r}; regenerate it with `kvsim regress --update`")
+        out[name] = dict(metrics)
+    return out
 
 
 def write_baseline(path: str | Path, values: dict[str, dict[str, float | None]]) -> Path:

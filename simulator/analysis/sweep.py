@@ -508,10 +508,10 @@ def load_sweep(config_path: str | None, grid_items: list[str], num_seeds: int | 
         if key not in ("grid", "seeds"):
             raise ConfigError(f"sweep: unknown key {key!r}{did_you_mean(key, ['grid', 'seeds'])}; "
                               f"valid: grid, seeds")
-    grid = dict(section.get("grid") or {})
+    grid = section.get("grid") or {}
     if not isinstance(grid, dict):
         raise ConfigError(f"sweep.grid: expected a mapping key -> [values], got {grid!r}")
-    grid = {k: (v if isinstance(v, list) else [v]) for k, v in grid.items()}
+    grid = {k: (v if isinstance(v, list) else [v]) for k, v in dict(grid).items()}
     grid.update(parse_grid(grid_items))
     grid = check_grid(grid)
     apply_overrides(data, overrides)

@@ -2,7 +2,8 @@
 command lives in simulator/cli/<name>.py, whose `register(sub, help)` adds its options and whose
 `main(args)` runs it. Command modules import only the standard library at module level (the
 engine, pandas, matplotlib, rich only inside `main`), so `kvsim --help` and every
-`kvsim COMMAND --help` answer at once. Bad input (ConfigError) -> one line on stderr, exit 2."""
+`kvsim COMMAND --help` answer at once. Bad input (ConfigError) or a path that cannot be read or
+written (OSError) -> one line on stderr, exit 2."""
 
 from __future__ import annotations
 
@@ -97,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `kvsim ... | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
+    except OSError as e:  # a path that cannot be read or written (/proc/x, a full disk): one line
+        sys.stdout.flush()
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"kvsim: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ their params are checked by the engine against its registries: config is below t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -200,6 +201,8 @@ def load_config(path: str | Path | None) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path}: invalid YAML ({yaml_problem(e)})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path}: not UTF-8 text ({e})") from None
     if data is None:
         raise ConfigError(f"config file {path}: no settings (the file is empty or holds only "
                           f"comments); write {{}} to run the defaults")
@@ -208,12 +211,20 @@ def load_config(path: str | Path | None) -> dict[str, Any]:
     return rebase_paths(data, path.parent)
 
 
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def parse_value(text: str) -> Any:
-    """A `--set` value as YAML reads it (numbers, booleans, lists), else the text itself."""
+    """A `--set` value as YAML reads it (numbers, booleans, lists), else the text itself.
+    NOTE: `1e3` is a number, as it is in JSON, Python and YAML 1.2 (PyYAML's YAML 1.1 reads a
+    float only with a dot, `1.0e3`, and gave the string '1e3')."""
     try:
-        return yaml.safe_load(text)
+        value = yaml.safe_load(text)
     except yaml.YAMLError:
         return text
+    if isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
+        return float(value)
+    return value
 
 
 @dataclass(slots=True)

@@ -31,10 +31,16 @@ from simulator.config.fields import (
     Text,
     fail,
     integer,
+    number,
     one_of,
     tagged,
 )
 from simulator.errors import did_you_mean
+
+# a coefficient of variation (std / mean); past ~1e154 cv^2 overflows, and long before that a
+# lognormal's or gamma's draws collapse to ~0 with rare huge ones (sigma^2 = log(1 + cv^2)):
+# 100 is a bound no workload needs to pass
+Cv = number("must be a coefficient of variation in (0, 100]", gt=0, le=100)
 
 
 # --- arrival processes -----------------------------------------------------------------------
@@ -46,7 +52,7 @@ class PoissonArrival(Spec):
 class GammaArrival(Spec):
     process: Literal["gamma"] = "gamma"
     rate: PosNum
-    cv: PosNum  # inter-arrival coefficient of variation (1: Poisson)
+    cv: Cv  # inter-arrival coefficient of variation (1: Poisson)
 
 
 class OnOffArrival(Spec):
@@ -120,7 +126,7 @@ class UniformLength(_Length):
 class LognormalLength(_Length):
     dist: Literal["lognormal"] = "lognormal"
     mean: PosNum
-    cv: PosNum
+    cv: Cv
 
 
 class ZipfLength(_Length):

@@ -7,6 +7,7 @@ A profile may also be given as a path to a YAML file of the same schema.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -47,6 +48,10 @@ class GpuSpec:
         if not self.peak_tflops or any(v <= 0 for v in self.peak_tflops.values()):
             raise ConfigError(
                 f"GPU profile {self.name!r}: peak_tflops must map dtypes to positive numbers")
+        p = self.price_per_hour
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) or p < 0:
+            raise ConfigError(f"GPU profile {self.name!r} ({self.source_file}): price_per_hour must "
+                              f"be a number of $ per GPU-hour >= 0, got {p!r}")
 
     @property
     def memory_bytes(self) -> int:
@@ -103,6 +108,11 @@ def gpu_names() -> list[str]:
 
 
 def _from_dict(data: dict[str, Any], source: str) -> GpuSpec:
+    if not isinstance(data, dict):
+        raise ConfigError(f"GPU profile {source}: expected a mapping of fields, got {type(data).__name__}")
+    for key in ("host_link", "gpu_link", "peak_tflops", "calibration"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            raise ConfigError(f"GPU profile {source}: {key} must be a mapping, got {data[key]!r}")
     try:
         host = data.get("host_link") or {}
         link = data.get("gpu_link") or {}
@@ -134,7 +144,14 @@ def get_gpu(name: str) -> GpuSpec:
     if path.suffix in (".yaml", ".yml"):
         if not path.is_file():
             raise ConfigError(f"GPU profile {path}: file not found")
-        return _from_dict(yaml.safe_load(path.read_text()) or {}, str(path))
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            from simulator.config.schema import yaml_problem
+
+            why = yaml_problem(e) if isinstance(e, yaml.YAMLError) else f"not UTF-8 text: {e}"
+            raise ConfigError(f"GPU profile {path}: invalid YAML ({why})") from None
+        return _from_dict(data or {}, str(path))
     raise ConfigError(f"unknown GPU {name!r}{did_you_mean(key, list(index))}; valid: "
                       f"{', '.join(gpu_names())}, or a path to a profile YAML")
 

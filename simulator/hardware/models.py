@@ -432,6 +432,13 @@ class _Fields:
                 return value
         raise ConfigError(f"model config {self.path}: missing field {' or '.join(keys)!s}")
 
+    def positive(self, *keys: str) -> int:
+        """need(*keys), an integer >= 1 (a shape the others are divided by)."""
+        value = self.need(*keys)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"model config {self.path}: {keys[0]} must be an integer >= 1, got {value!r}")
+        return value
+
     def int_list(self, key: str) -> list[int]:
         value = self.get(key) or []
         if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
@@ -557,9 +564,9 @@ def load_model(path: str | Path) -> ModelSpec:
                               f"{_WRAPPERS[model_type]!r}, got {inner!r}")
         model_type = inner
     f = _Fields(cfg, model_type, path)
-    hidden = f.need("hidden_size", "n_embd", "d_model")
-    heads = f.need("num_attention_heads", "n_head")
-    layers = f.need("num_hidden_layers", "n_layer", "num_layers")
+    hidden = f.positive("hidden_size", "n_embd", "d_model")
+    heads = f.positive("num_attention_heads", "n_head")
+    layers = f.positive("num_hidden_layers", "n_layer", "num_layers")
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     fields: dict[str, Any] = dict(
         name=cfg.get("_name_or_path") or path.parent.name or str(path),

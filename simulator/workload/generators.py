@@ -243,7 +243,7 @@ def gamma_arrivals(rng, spec, n, duration_s):
 
     cv > 1 is burstier than Poisson (BurstGPT fits a Gamma), cv < 1 more regular.
     """
-    rate, cv = spec["rate"], spec["cv"]
+    rate, cv = float(spec["rate"]), float(spec["cv"])
     shape = 1.0 / (cv * cv)
     return _renewal(lambda k: rng.gamma(shape, 1.0 / (rate * shape), size=k), 1.0 / rate,
                     n, duration_s)
@@ -375,7 +375,7 @@ def uniform_lengths(rng, spec, n):
 @LENGTHS.register("lognormal")
 def lognormal_lengths(rng, spec, n):
     """Lognormal with the given mean and coefficient of variation (std / mean)."""
-    mean, cv = spec["mean"], spec["cv"]
+    mean, cv = float(spec["mean"]), float(spec["cv"])  # (a huge int's square is no float)
     sigma2 = np.log1p(cv * cv)
     mu = np.log(mean) - sigma2 / 2
     return rng.lognormal(mu, np.sqrt(sigma2), size=n)
@@ -485,7 +485,7 @@ def _read_table(path: Path, what: str) -> dict[str, np.ndarray]:
 
     try:
         df = pd.read_json(path, lines=True) if is_json else pd.read_csv(path)
-    except (pd.errors.EmptyDataError, pd.errors.ParserError, ValueError) as e:
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, ValueError, OSError, EOFError) as e:
         raise ConfigError(f"{what} {path}: cannot read ({e})") from None
     if df.empty:
         raise ConfigError(f"{what} {path}: no rows")

@@ -423,7 +423,10 @@ def load_workload(cfg: WorkloadConfig, seed_seq: np.random.SeedSequence) -> Requ
     """A trace as the workload. Steps: 1. read (read_trace); 2. lengths-only traces: first
     num_requests rows (file order), arrivals drawn from workload.arrival; 3. transforms."""
     arr_seed, transform_seed = seed_seq.spawn(2)
-    work, has_time = read_trace(cfg)
+    try:
+        work, has_time = read_trace(cfg)
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # not gzip, cut short, not UTF-8 text
+        raise ConfigError(f"trace {cfg.trace}: cannot read ({e})") from None
     if not has_time:
         n = len(work) if cfg.num_requests is None else min(cfg.num_requests, len(work))
         spec = cfg.arrival
