@@ -19,6 +19,7 @@ from simulator.cli.main import main
 from simulator.config.schema import from_dict
 from simulator.engine.run import run
 from simulator.errors import ConfigError
+from simulator.metrics.summary import flatten
 
 SYNTH = {"engine": {"max_model_len": 4096},
          "workload": {"arrival": {"process": "poisson", "rate": 1.0},
@@ -114,3 +115,28 @@ def test_plan_llama8b_azure_conv_50_rps_four_gpus(tmp_path, shared_data):
     assert _meets(base, win.gpu, n, 50.0, 1000, slo)
     if n > 1:
         assert not _meets(base, win.gpu, n - 1, 50.0, 1000, slo)
+
+
+def test_a_burst_far_past_capacity_is_not_called_sustainable(tmp_path):
+    """40 requests at 2,000 req/s fit in one batch and meet the SLO as a burst; the probe is
+    run again until its arrivals span 3 mean latencies (Little's law), where the queue shows:
+    the rate found is what one replica holds at a steady state, far below the burst's."""
+    p, table = plan(SYNTH, tmp_path, [Candidate("h100-sxm", 1)], target_rate=2000.0, max_requests=4000)
+    burst = run(from_dict(p.probe_data(Candidate("h100-sxm", 1), 2000.0, 0, requests=40)))
+    assert not p.s.slo.check(flatten(burst.summary))  # the burst alone meets the SLO
+    r = float(table.iloc[0].max_rate_per_replica)
+    assert 0 < r < 500
+    probes = p.probes_frame()
+    met = probes[probes.meets_slo]
+    assert (probes.requests > 40).any()
+    for _, row in met.iterrows():  # each verdict of "meets" spanned >= 3 mean E2E latencies
+        n = int(row.requests)
+        rec = run(from_dict(p.probe_data(Candidate("h100-sxm", 1), float(row.rate), 0, requests=n)))
+        assert n / row.rate >= 3 * rec.summary["latency_s"]["e2e"]["mean"]
+
+
+def test_a_probe_that_cannot_reach_a_steady_state_misses_with_the_reason(tmp_path):
+    p, table = plan(SYNTH, tmp_path, [Candidate("h100-sxm", 1)], target_rate=2000.0, max_requests=60)
+    reasons = " ".join(p.probes_frame().reason)
+    assert "no steady state within 60 requests" in reasons and "raise --max-requests" in reasons
+

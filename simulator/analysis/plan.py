@@ -8,7 +8,12 @@ For each candidate (GPU, TP):
    deterministic, so windows are what varies); synthetic workloads are redrawn per seed;
 2. r is sustainable when EVERY seed meets the SLO: p99 TTFT <= ttft_p99_s, p99 TPOT <=
    tpot_p99_s, no request rejected, and (if set) a share >= min_goodput_share of requests
-   meeting both targets individually;
+   meeting both targets individually; and the probe reached a steady state: its arrivals span
+   >= STEADY_LATENCIES x its mean E2E latency (Little's law: a queue that grows shows only
+   after the running batch has turned over a few times; a burst of `requests` at a rate far
+   past capacity fits in one batch and meets any SLO). A probe that met the SLO over a shorter
+   span is run again with requests = STEADY_LATENCIES x rate x latency x 1.25 (at most
+   `max_requests`); one that cannot reach it within max_requests misses, with the reason;
 3. search: r = target / 8 (at least r_min), x4 while sustainable (up to the target rate),
    / 4 while not (down to r_min), then geometric bisection until hi / lo <= 1 + rel_tol.
    max rate = the highest sustainable r (0: infeasible, with the reason: the model does not
@@ -22,7 +27,10 @@ Then the ranking is confirmed by cluster simulations at the target rate (least_o
 router): for a candidate, start from its replica count, add replicas while the SLO is
 missed, remove while one fewer still meets it (reporting N and N - 1); candidates are
 confirmed in rank order until the next one's estimated cost exceeds the cheapest confirmed
-cost, and the winner is the cheapest confirmed.
+cost, and the winner is the cheapest confirmed. A cluster run meets the steady-state rule of
+step 2 too (its requests raised up to max_requests); a fleet of more than
+MAX_CONFIRM_REPLICAS replicas, or a target rate no cluster run of max_requests can hold for
+long enough, is left unconfirmed, with the reason.
 Every simulation is a sweep task (simulator/analysis/sweep.py): cached by config hash, parallel,
 identical on any backend.
 """
@@ -44,6 +52,8 @@ from simulator.errors import ConfigError
 from simulator.hardware.gpus import get_gpu
 
 SLO_FIELDS = ("ttft_p99_s", "tpot_p99_s", "min_goodput_share")
+STEADY_LATENCIES = 3.0  # a probe's arrivals span at least this many mean E2E latencies (step 2)
+MAX_CONFIRM_REPLICAS = 64  # larger fleets are not cluster-simulated (~5 MB of state a replica)
 
 
 @dataclass(frozen=True)
@@ -140,6 +150,7 @@ class PlanSettings:
     seeds: int = 2
     requests: int = 400  # per probe simulation
     cluster_requests: int = 1500  # in the confirming cluster simulation
+    max_requests: int = 20_000  # a probe or cluster run raised for a steady state (step 2)
     r_min: float = 0.25  # req/s: below this a candidate is called infeasible
     rel_tol: float = 0.1
     prices: dict[str, float] = field(default_factory=dict)  # gpu name -> $/GPU-hour
@@ -221,7 +232,24 @@ class Planner:
         return [outcome.records[t.id] for t in tasks]
 
     # --- step 1-3: max sustainable rate per candidate ---------------------------------------
-    def _judge(self, c: Candidate, rate: float, records: list[dict[str, Any]]) -> str:
+    @staticmethod
+    def _latency(records: list[dict[str, Any]]) -> float:
+        """The largest mean E2E latency of the probes' seeds (0 when none finished)."""
+        return max((r["metrics"].get("latency_s.e2e.mean") or 0.0 for r in records
+                    if r["status"] == "ok"), default=0.0)
+
+    def _steady_requests(self, rate: float, records: list[dict[str, Any]], n: int) -> int:
+        """Requests a probe at `rate` needs so that its arrivals span STEADY_LATENCIES mean
+        latencies (n when these n do; step 2 of the module docstring)."""
+        need = STEADY_LATENCIES * rate * self._latency(records)
+        return n if n >= need else math.ceil(need * 1.25)
+
+    def _too_short(self, rate: float, records: list[dict[str, Any]], n: int) -> str:
+        return (f"no steady state within {n} requests: at {rate:.3g} req/s they arrive over "
+                f"{n / rate:.3g} s, under {STEADY_LATENCIES:g} x the mean E2E latency "
+                f"({self._latency(records):.3g} s; raise --max-requests)")
+
+    def _judge(self, c: Candidate, rate: float, records: list[dict[str, Any]], n: int) -> str:
         reasons = []
         for rec in records:
             if rec["status"] != "ok":
@@ -237,7 +265,7 @@ class Planner:
                             "meets_slo": not reasons, "reason": reasons[0] if reasons else "",
                             "ttft_p99_s": mean("latency_s.ttft.p99"),
                             "tpot_p99_s": mean("latency_s.tpot.p99"),
-                            "slo_share": mean("slo.share"), "seeds": len(records)})
+                            "slo_share": mean("slo.share"), "seeds": len(records), "requests": n})
         return reasons[0] if reasons else ""
 
     def search(self, cands: list[Candidate]) -> dict[Candidate, dict[str, Any]]:
@@ -257,12 +285,27 @@ class Planner:
             active = [c for c in cands if state[c]["next"] is not None]
             if not active:
                 break
-            datas = [self.probe_data(c, state[c]["next"], k) for c in active for k in range(s.seeds)]
+            datas = [self.probe_data(c, state[c]["next"], k, requests=state[c].get("requests"))
+                     for c in active for k in range(s.seeds)]
             records = self._run(datas)
             for i, c in enumerate(active):
                 st = state[c]
                 rate = st["next"]
-                why = self._judge(c, rate, records[i * s.seeds:(i + 1) * s.seeds])
+                n = st.get("requests") or s.requests
+                recs = records[i * s.seeds:(i + 1) * s.seeds]
+                why = self._judge(c, rate, recs, n)
+                if not why:
+                    need = self._steady_requests(rate, recs, n)
+                    if need > n:
+                        if n < s.max_requests:  # the same rate again, over a longer span
+                            self.probes.pop()  # (no verdict: superseded by the longer probe)
+                            st["requests"] = min(need, s.max_requests)
+                            self.log(f"{c.name}: {rate:.3g} req/s: {n} requests span less than "
+                                     f"{STEADY_LATENCIES:g} mean latencies; again with {st['requests']}")
+                            continue
+                        why = self._too_short(rate, recs, n)
+                        self.probes[-1].update(meets_slo=False, reason=why)
+                st["requests"] = None  # (each rate starts from --requests: no path dependence)
                 if why:
                     st["hi"] = rate
                     st["why_lowest"] = why
@@ -322,16 +365,28 @@ class Planner:
 
     # --- confirmation -----------------------------------------------------------------------
     def cluster_check(self, c: Candidate, replicas: int) -> tuple[str, dict[str, Any]]:
-        data = self.probe_data(c, self.s.target_rate, 0, replicas=replicas,
-                               requests=self.s.cluster_requests)
-        rec = self._run([data])[0]
-        if rec["status"] != "ok":
-            return rec["error"], {}
-        return self.s.slo.check(rec["metrics"]), rec["metrics"]
+        """One cluster run at the target rate (raised to a steady state as a probe is)."""
+        n = self.s.cluster_requests
+        while True:
+            data = self.probe_data(c, self.s.target_rate, 0, replicas=replicas, requests=n)
+            rec = self._run([data])[0]
+            if rec["status"] != "ok":
+                return rec["error"], {}
+            why = self.s.slo.check(rec["metrics"])
+            need = self._steady_requests(self.s.target_rate, [rec], n)
+            if why or need <= n:
+                return why, rec["metrics"]
+            if n >= self.s.max_requests:
+                return self._too_short(self.s.target_rate, [rec], n), rec["metrics"]
+            n = min(need, self.s.max_requests)
 
     def confirm(self, c: Candidate, replicas: int) -> dict[str, Any]:
         """Smallest N near the estimate whose cluster meets the SLO, with N - 1's result."""
         results: dict[int, tuple[str, dict]] = {}
+        if replicas > MAX_CONFIRM_REPLICAS:
+            return {"candidate": c.name, "confirmed": False, "estimated_replicas": replicas,
+                    "reason": f"{replicas} replicas: fleets over {MAX_CONFIRM_REPLICAS} are not "
+                              f"cluster-simulated (the estimate stands unconfirmed)"}
 
         def check(n: int) -> str:
             if n not in results:
@@ -341,7 +396,9 @@ class Planner:
             return results[n][0]
 
         n = replicas
-        while check(n) and n < replicas * 4 + 4:
+        # (a run too short for a steady state stays so with more replicas: no more tries)
+        while check(n) and n < min(replicas * 4 + 4, MAX_CONFIRM_REPLICAS) \
+                and not results[n][0].startswith("no steady state"):
             n += 1
         if check(n):
             return {"candidate": c.name, "confirmed": False, "estimated_replicas": replicas,

@@ -53,6 +53,9 @@ def register(sub, help: str) -> None:
                    help="requests per probe (default 400)")
     p.add_argument("--cluster-requests", type=int, default=1500, metavar="N",
                    help="requests in the confirming cluster simulation (default 1500)")
+    p.add_argument("--max-requests", type=int, default=20_000, metavar="N",
+                   help="at most this many requests when a probe or cluster run is raised so that "
+                        "its arrivals span 3 mean latencies (a steady state; default 20000)")
     p.add_argument("--router", default="least_outstanding",
                    help="router of the cluster check (default least_outstanding)")
     add_worker_args(p)
@@ -108,11 +111,13 @@ def build_planner(args: argparse.Namespace, log):
     if not args.rate > 0:
         raise ConfigError(f"--rate must be > 0 req/s, got {args.rate:g}")
     for name, n, lo in (("--seeds", args.seeds, 1), ("--requests", args.requests, 10),
-                        ("--cluster-requests", args.cluster_requests, 10), ("--workers", args.workers, 1)):
+                        ("--cluster-requests", args.cluster_requests, 10), ("--workers", args.workers, 1),
+                        ("--max-requests", args.max_requests, 10)):
         if n < lo:
             raise ConfigError(f"{name} must be >= {lo}, got {n}")
     settings = PlanSettings(target_rate=args.rate, slo=slo, seeds=args.seeds, requests=args.requests,
-                            cluster_requests=args.cluster_requests, prices=prices,
+                            cluster_requests=args.cluster_requests, max_requests=args.max_requests,
+                            prices=prices,
                             workers=args.workers, backend=args.backend, address=args.address,
                             router=args.router)
     planner = Planner(data, settings, Path(args.out), log=log)
