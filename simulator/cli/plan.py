@@ -1,6 +1,6 @@
 """`kvsim plan [CONFIG.yaml] --rate R [--slo ttft_p99_s=2 --slo tpot_p99_s=0.1]
 [--gpus l4,a100-80gb,h100-sxm,h200 --tp 1,2 | --candidate gpu:tp ...] [--price gpu=$/h ...]
-[--seeds N] [--requests N] [--workers K] [--backend local|ray] [--out DIR]`
+[--seeds N] [--requests N] [--max-requests N] [--workers K] [--backend local|ray] [--out DIR]`
 
 For each GPU x TP candidate: the highest request rate one replica sustains within the SLO
 (every seed), the replicas needed for R req/s, $/hour and $ per million output tokens; a
