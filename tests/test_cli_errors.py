@@ -261,8 +261,14 @@ def test_unreadable_and_unwritable_paths_are_one_line(tmp_path, capsys):
      "workload.prompt_tokens.cv must be a coefficient of variation in (0, 100]"),
     (["--set", "workload.arrival={process: gamma, rate: 5, cv: 1.0e+300}"],
      "workload.arrival.cv must be a coefficient of variation in (0, 100]"),
+    (["--set", "workload.trace=t.csv", "--set", "workload.tenants=[{name: a, priority: 3}]"],
+     "workload.tenants shapes generated traffic, not a trace (workload.trace is set)"),
+    (["--set", "workload.trace=t.csv",
+      "--set", "workload.system_prompts={count: 2, tokens: {dist: constant, value: 100}}"],
+     "workload.system_prompts shapes generated traffic"),
 ])
 def test_out_of_range_spreads_are_named(capsys, args, expected):
+    """(and generated-traffic settings beside a trace, which would do nothing)"""
     code, err = run_cli(capsys, *args)
     assert code == 2 and len(err.splitlines()) == 1 and expected in err, err
 

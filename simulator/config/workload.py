@@ -287,10 +287,16 @@ class WorkloadConfig(Section):
 
     @model_validator(mode="after")
     def _resolve(self) -> WorkloadConfig:
-        """1. speedup and target_rate exclude each other; 2. synthetic traffic without a bound
-        gets 1000 requests; 3. tenants inherit the top-level synthetic settings they lack."""
+        """1. speedup and target_rate exclude each other, and a trace the settings of generated
+        traffic; 2. synthetic traffic without a bound gets 1000 requests; 3. tenants inherit the
+        top-level synthetic settings they lack."""
         if self.speedup is not None and self.target_rate is not None:
             raise fail(f": set speedup ({self.speedup}) or target_rate ({self.target_rate}), not both")
+        if self.trace is not None:  # (a trace replays its own requests: these would do nothing)
+            for key in ("lengths_file", "sessions", "tenants", "system_prompts"):
+                if getattr(self, key) is not None:
+                    raise fail(f".{key} shapes generated traffic, not a trace (workload.trace is "
+                               f"set); remove one of them")
         # NOTE: a frozen model sets its derived values once, here, through object.__setattr__.
         if self.trace is None and self.num_requests is None and self.duration_s is None:
             object.__setattr__(self, "num_requests", 1000)
