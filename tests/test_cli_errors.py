@@ -306,3 +306,8 @@ def test_plan_rate_must_be_finite_and_a_baseline_numbers(tmp_path, capsys):
         (tmp_path / "b.json").write_text(json.dumps(good))
         with pytest.raises(ConfigError, match=f"{name} {metric} must be a finite number or null"):
             load_baseline(tmp_path / "b.json")
+
+
+def test_an_empty_out_is_refused(capsys):
+    """`--out ''` named the current folder: a run's seven files landed beside the user's."""
+    assert "--out: empty; give a folder for the outputs" in _one_line(capsys, ["run", "--quiet", "--out", ""])

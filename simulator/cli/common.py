@@ -110,6 +110,8 @@ def check_out_dir(path: str | Path | None, flag: str = "--out") -> None:
     """Refuse, with one line, an output folder that is an existing file or cannot be written."""
     if path is None:
         return
+    if not str(path).strip():  # (Path("") is the current folder: the outputs would land there)
+        raise ConfigError(f"{flag}: empty; give a folder for the outputs")
     p = Path(path)
     if p.exists():
         if not p.is_dir():
