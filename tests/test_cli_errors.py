@@ -311,3 +311,27 @@ def test_plan_rate_must_be_finite_and_a_baseline_numbers(tmp_path, capsys):
 def test_an_empty_out_is_refused(capsys):
     """`--out ''` named the current folder: a run's seven files landed beside the user's."""
     assert "--out: empty; give a folder for the outputs" in _one_line(capsys, ["run", "--quiet", "--out", ""])
+
+
+def test_a_damaged_run_directory_is_named_not_a_traceback(tmp_path, capsys):
+    """report / plot on a run directory whose files are not what kvsim wrote: one line naming
+    the file (a JSONDecodeError, AttributeError or ArrowInvalid before)."""
+    import shutil
+
+    good = tmp_path / "good"
+    assert main(["run", "--quiet", "--out", str(good), "--set", "workload.num_requests=5"]) == 0
+    capsys.readouterr()
+    for name, content, expected in (("summary.json", "{bad", "summary.json: not a kvsim output (invalid"),
+                                    ("summary.json", "[1, 2]", "(a JSON list, expected an object)"),
+                                    ("config.yaml", "- a\n", "config.yaml: not a kvsim output"),
+                                    ("requests.parquet", "garbage", "requests.parquet: not a parquet table"),
+                                    ("iterations.parquet", None, "has no iterations.parquet (a `kvsim run "
+                                                                 "--no-iterations` run?)")):
+        d = tmp_path / "bad"
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(good, d)
+        if content is None:
+            (d / name).unlink()
+        else:
+            (d / name).write_text(content)
+        assert expected in _one_line(capsys, ["report", str(d), "--out", str(tmp_path / "r.html")])

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 from pathlib import Path
 from typing import Any
 
 from simulator.errors import ConfigError
 from simulator.metrics.alerts import alerts_document, evaluate, resolve_rules
-from simulator.report.plots import first_seed_dir, load_run, plot_run
+from simulator.report.plots import first_seed_dir, load_run, plot_run, read_json
 
 MAX_FIRINGS_LISTED = 30
 
@@ -147,7 +146,7 @@ def _page(title: str, body: str) -> str:
 def _alerts_doc(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "alerts.json"
     if path.is_file():
-        return json.loads(path.read_text())
+        return read_json(path)
     requests, iterations, config = load_run(run_dir)
     rules = resolve_rules(config.get("alerts"))
     return alerts_document(rules, evaluate(rules, requests, iterations))
@@ -158,7 +157,7 @@ def single_run_page(run_dir: Path) -> str:
     if not path.is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no summary.json); "
                           f"make one with `kvsim run --out {run_dir}`")
-    s = json.loads(path.read_text())
+    s = read_json(path)
     c = s.get("config", {})
     title = f"kvsim run: {c.get('model', '?')} on {c.get('gpu', '?')}"
     ident = (f"<p>{_fmt(c.get('kv_allocator'))} KV ({_fmt(c.get('num_gpu_blocks'))} blocks of "
@@ -182,12 +181,12 @@ def single_run_page(run_dir: Path) -> str:
 
 
 def multi_seed_page(run_dir: Path) -> str:
-    agg = json.loads((run_dir / "seeds_summary.json").read_text())
+    agg = read_json(run_dir / "seeds_summary.json")
     seeds = agg["seeds"]
     first = first_seed_dir(run_dir)
     c = {}
     if first is not None and (first / "summary.json").is_file():
-        c = json.loads((first / "summary.json").read_text()).get("config", {})
+        c = read_json(first / "summary.json").get("config", {})
     title = f"kvsim run over {len(seeds)} seeds: {c.get('model', '?')} on {c.get('gpu', '?')}"
     rows = []
     for path, m in agg["metrics"].items():

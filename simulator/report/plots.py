@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -32,17 +33,47 @@ FIRING_COLOR = "#d62728"
 DPI = 110
 
 
+def read_json(path: Path) -> dict[str, Any]:
+    """A run directory's JSON file as an object; ConfigError naming it when it is not one."""
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not a kvsim output (invalid JSON: {e}); rerun `kvsim run`") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: not a kvsim output (a JSON {type(data).__name__}, expected an "
+                          f"object); rerun `kvsim run`")
+    return data
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    import pyarrow as pa
+
+    try:
+        return pd.read_parquet(path)
+    except (pa.ArrowException, OSError) as e:
+        raise ConfigError(f"{path}: not a parquet table ({e}); rerun `kvsim run`") from None
+
+
 def load_run(run_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """(requests, iterations, config dict) of a run directory; ConfigError if it is not one."""
+    """(requests, iterations, config dict) of a run directory; ConfigError if it is not one
+    (or a file in it is not what kvsim wrote)."""
     d = Path(run_dir)
     missing = [f for f in ("requests.parquet", "iterations.parquet") if not (d / f).is_file()]
+    if missing == ["iterations.parquet"] and (d / "summary.json").is_file():
+        raise ConfigError(f"{d} has no iterations.parquet (a `kvsim run --no-iterations` run?); "
+                          f"plots need it: rerun without --no-iterations")
     if missing:
         raise ConfigError(f"{d} is not a run directory (missing {', '.join(missing)}); "
                           f"make one with `kvsim run --out {d}`")
     config = {}
     if (d / "config.yaml").is_file():
-        config = yaml.safe_load((d / "config.yaml").read_text()) or {}
-    return pd.read_parquet(d / "requests.parquet"), pd.read_parquet(d / "iterations.parquet"), config
+        try:
+            config = yaml.safe_load((d / "config.yaml").read_text()) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{d / 'config.yaml'}: not a kvsim output ({e})") from None
+        if not isinstance(config, dict):
+            raise ConfigError(f"{d / 'config.yaml'}: not a kvsim output (expected a mapping)")
+    return _read_table(d / "requests.parquet"), _read_table(d / "iterations.parquet"), config
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -247,5 +278,5 @@ def first_seed_dir(run_dir: str | Path) -> Path | None:
     agg = d / "seeds_summary.json"
     if not agg.is_file():
         return None
-    seeds = json.loads(agg.read_text()).get("seeds", [])
+    seeds = read_json(agg).get("seeds", [])
     return d / f"seed_{seeds[0]}" if seeds else None
