@@ -158,3 +158,12 @@ def test_a_grid_key_that_is_also_a_metric_keeps_its_values(tmp_path):
     out = sw.execute(ts, tmp_path, workers=1, progress=False)
     df = sw.build_table(ts, out.records)
     assert df["cluster.replicas"].tolist() == [1, 2] and df["cluster.replicas"].dtype.kind == "i"
+
+
+def test_a_sweep_with_a_failed_point_exits_1(tmp_path, capsys):
+    """One point's config is refused (block_size 8): the others are written, the command fails."""
+    code = main(["sweep", "--grid", "engine.block_size=8,16", "--set", "workload.num_requests=5",
+                 "--out", str(tmp_path), "--quiet"])
+    assert code == 1
+    table = pd.read_csv(tmp_path / "sweep.csv")
+    assert sorted(table.status) == ["error", "ok"]

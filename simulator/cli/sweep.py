@@ -114,7 +114,8 @@ def main(args: argparse.Namespace) -> int:
         err.print(f"interrupted: {sum(1 for r in outcome.records.values())} of {len(tasks)} runs "
                   f"are on disk in {out}/points; rerun the same command to resume", highlight=False)
         return 130
-    return 0
+    # NOTE: a point that failed fails the command (a CI step must see it); the others are written
+    return 1 if (df.status == "error").any() else 0
 
 
 def print_table(console, df, keys: list[str]) -> None:
