@@ -335,3 +335,25 @@ def test_a_damaged_run_directory_is_named_not_a_traceback(tmp_path, capsys):
         else:
             (d / name).write_text(content)
         assert expected in _one_line(capsys, ["report", str(d), "--out", str(tmp_path / "r.html")])
+
+
+def test_a_folder_given_as_a_file_and_warnings_on_one_line(tmp_path, capsys):
+    """A folder as the config or the trace says so (it said 'not found'); a warning is one
+    `kvsim: warning:` line (Python's format added the source file and line)."""
+    assert f"config file {tmp_path}: is a folder; give the YAML file" in _one_line(
+        capsys, ["run", str(tmp_path)])
+    assert f"trace {tmp_path}: is a folder; give the file" in _one_line(
+        capsys, ["run", "--quiet", "--set", f"workload.trace={tmp_path}"])
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n5,10,5\n1,20,5\n")
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "simulator", "run", "--quiet", "--out", str(tmp_path / "o"),
+                           "--set", f"workload.trace={trace}"], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)  # (pytest keeps warnings to itself)
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr.strip()
+    assert err.startswith("kvsim: warning: ") and len(err.splitlines()) == 1, err
+    assert "timestamps are not sorted (this row is 0.000000 s after the earliest timestamp, line 2 " \
+           "4.000000 s; 1 backward step(s))" in err

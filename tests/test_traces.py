@@ -153,6 +153,15 @@ def test_vidur_and_generic_formats(tmp_path):
     assert len(load(g, columns=cols, timestamp_unit="ms")) == 3
 
 
+@pytest.mark.parametrize("value, why", [("1.5", "1.5 is not a whole number$"),
+                                        ("3e10", "30000000000.0 is above 2,147,483,647$")])
+def test_a_priority_is_not_called_tokens(tmp_path, value, why):
+    g = write(tmp_path, "p.csv", f"t,in,out,prio\n0,10,2,1\n1,10,2,{value}\n")
+    cols = {"timestamp": "t", "prompt_tokens": "in", "output_tokens": "out", "priority": "prio"}
+    with pytest.raises(ConfigError, match=r"row 2 \(line 3\), column 'prio': " + why):
+        load(g, format="generic", columns=cols, timestamp_unit="s")
+
+
 def test_lengths_only_with_duration_and_process(tmp_path):
     p = write(tmp_path, "l.csv", "num_prefill_tokens,num_decode_tokens\n" +
               "".join(f"{i + 1},{i + 2}\n" for i in range(500)))

@@ -11,6 +11,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
 from simulator import __version__
 from simulator.cli.common import Parser
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.func is None:
         parser.print_help()
         return 2
+    # NOTE: a warning is one line, as an error is (Python prints its source file and line too)
+    warnings.formatwarning = lambda message, category, *_, **__: f"kvsim: warning: {message}\n"
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:

@@ -195,8 +195,11 @@ def load_config(path: str | Path | None) -> dict[str, Any]:
     if path is None:
         return {}
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {path}: is a folder; give the YAML file")
     if not path.is_file():
-        raise ConfigError(f"config file {path}: not found")
+        raise ConfigError(f"config file {path}: not found" if not path.exists() else
+                          f"config file {path}: not a regular file")
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:

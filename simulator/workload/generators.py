@@ -430,6 +430,8 @@ def resolve_path(path: str | Path, what: str) -> Path:
         for q in (base / p, base / p.name if p.parent == Path("workloads") else None):
             if q is not None and q.is_file():
                 return q
+    if p.is_dir():
+        raise ConfigError(f"{what} {path}: is a folder; give the file")
     raise ConfigError(f"{what} {path}: not found (looked in the current directory and in "
                       f"{packaged_workloads_dir()})")
 

@@ -247,13 +247,17 @@ def _numbers(raw: Raw, col: str, path: Path, lines: np.ndarray) -> np.ndarray:
     return values
 
 
-def _lengths(raw: Raw, col: str, path: Path, lines: np.ndarray) -> np.ndarray:
+def _lengths(raw: Raw, col: str, path: Path, lines: np.ndarray, tokens: bool = True) -> np.ndarray:
+    """A column of whole numbers >= 0 and <= MAX_LENGTH: token counts, or (tokens False) a
+    priority."""
     values = _numbers(raw, col, path, lines)
     bad = np.flatnonzero((values < 0) | (values != np.floor(values)) | (values > MAX_LENGTH))
     if len(bad):
         i = int(bad[0])
         v = values[i]
-        why = "is negative" if v < 0 else TOO_LONG if v > MAX_LENGTH else "is not a whole number of tokens"
+        unit = " of tokens" if tokens else ""
+        why = ("is negative" if v < 0 else (TOO_LONG if tokens else f"is above {MAX_LENGTH:,}")
+               if v > MAX_LENGTH else f"is not a whole number{unit}")
         raise ConfigError(f"{_where(path, lines, i, col)}: {show_cell(_cell(raw, i))} {why}")
     return values.astype(np.int64)
 
@@ -366,7 +370,7 @@ def read_trace(cfg: WorkloadConfig) -> tuple[RequestArrays, bool]:
     n = len(prompt)
     cols_out: dict[str, Any] = {"priority": np.zeros(n, dtype=np.int64)}
     if "priority" in cols:
-        cols_out["priority"] = _lengths(table[cols["priority"]], cols["priority"], path, lines)
+        cols_out["priority"] = _lengths(table[cols["priority"]], cols["priority"], path, lines, tokens=False)
     if "tenant" in cols:
         cols_out["tenant"] = table[cols["tenant"]].astype(str).to_numpy(dtype=str)
     if "session_id" in cols:
@@ -410,8 +414,9 @@ def _check_sorted(t: np.ndarray, cfg: WorkloadConfig, path: Path, lines: np.ndar
     if not len(back):
         return None
     i = int(back[0]) + 1
-    msg = (f"{_where(path, lines, i, col)}: timestamps are not sorted ({t[i]:.6f} s comes after "
-           f"{t[i - 1]:.6f} s on line {int(lines[i - 1])}; {len(back)} backward step(s))")
+    msg = (f"{_where(path, lines, i, col)}: timestamps are not sorted (this row is {t[i]:.6f} s "
+           f"after the earliest timestamp, line {int(lines[i - 1])} {t[i - 1]:.6f} s; "
+           f"{len(back)} backward step(s))")
     if cfg.on_unsorted == "error":
         raise ConfigError(msg + "; set workload.on_unsorted: sort to sort them")
     warnings.warn(msg + "; sorted by time (stable)", stacklevel=4)
