@@ -357,3 +357,11 @@ def test_a_folder_given_as_a_file_and_warnings_on_one_line(tmp_path, capsys):
     assert err.startswith("kvsim: warning: ") and len(err.splitlines()) == 1, err
     assert "timestamps are not sorted (this row is 0.000000 s after the earliest timestamp, line 2 " \
            "4.000000 s; 1 backward step(s))" in err
+
+
+def test_a_setting_past_the_machine_is_out_of_memory_in_one_line(capsys):
+    """A system-prompt count of 1e12 asks numpy for 7 TiB: one line saying so (a traceback of
+    numpy's _ArrayMemoryError before)."""
+    huge = "workload.system_prompts={count: 1000000000000, tokens: {dist: constant, value: 10}}"
+    err = _one_line(capsys, ["run", "--quiet", "--out", "/tmp/kvsim-test-oom", "--set", huge])
+    assert "out of memory (Unable to allocate" in err and "lower it" in err

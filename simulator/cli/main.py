@@ -101,6 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `kvsim ... | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
+    except MemoryError as e:  # a setting that asks for more than the machine has (a 1e12 count)
+        sys.stdout.flush()
+        why = f" ({e})" if str(e) else ""
+        print(f"kvsim: error: out of memory{why}; a setting asks for more than this machine "
+              f"holds (a count, a size or a number of replicas): lower it", file=sys.stderr)
+        return 2
     except OSError as e:  # a path that cannot be read or written (/proc/x, a full disk): one line
         sys.stdout.flush()
         where = f"{e.filename}: " if e.filename else ""
