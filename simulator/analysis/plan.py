@@ -238,24 +238,36 @@ class Planner:
         return max((r["metrics"].get("latency_s.e2e.mean") or 0.0 for r in records
                     if r["status"] == "ok"), default=0.0)
 
-    def _steady_requests(self, rate: float, records: list[dict[str, Any]], n: int) -> int:
-        """Requests a probe at `rate` needs so that its arrivals span STEADY_LATENCIES mean
-        latencies (n when these n do; step 2 of the module docstring)."""
-        need = STEADY_LATENCIES * rate * self._latency(records)
-        return n if n >= need else math.ceil(need * 1.25)
-
-    def _too_short(self, rate: float, records: list[dict[str, Any]], n: int) -> str:
+    def _steady(self, rate: float, records: list[dict[str, Any]], n: int) -> tuple[str, int]:
+        """Whether n requests at `rate` that met the SLO reached a steady state (step 2 of the
+        module docstring): ("", 0) they did; ("", N) run again with N requests (their arrivals
+        spanned under STEADY_LATENCIES mean latencies); (why, 0) not within max_requests."""
+        latency = self._latency(records)
+        need = STEADY_LATENCIES * rate * latency
+        if n >= need:
+            return "", 0
+        if n < self.s.max_requests:
+            return "", min(math.ceil(need * 1.25), self.s.max_requests)
         return (f"no steady state within {n} requests: at {rate:.3g} req/s they arrive over "
                 f"{n / rate:.3g} s, under {STEADY_LATENCIES:g} x the mean E2E latency "
-                f"({self._latency(records):.3g} s; raise --max-requests)")
+                f"({latency:.3g} s; raise --max-requests)"), 0
 
-    def _judge(self, c: Candidate, rate: float, records: list[dict[str, Any]], n: int) -> str:
+    def _judge(self, c: Candidate, rate: float, records: list[dict[str, Any]], n: int
+               ) -> tuple[str, int]:
+        """(why the probes miss, '' when they meet the SLO at a steady state; requests to run
+        them again with, 0 when this is the verdict, which joins `probes`)."""
         reasons = []
         for rec in records:
             if rec["status"] != "ok":
                 reasons.append(rec["error"])
                 continue
             why = self.s.slo.check(rec["metrics"])
+            if why:
+                reasons.append(why)
+        if not reasons:
+            why, again = self._steady(rate, records, n)
+            if again:
+                return "", again
             if why:
                 reasons.append(why)
         ok = [r["metrics"] for r in records if r["status"] == "ok"]
@@ -266,7 +278,7 @@ class Planner:
                             "ttft_p99_s": mean("latency_s.ttft.p99"),
                             "tpot_p99_s": mean("latency_s.tpot.p99"),
                             "slo_share": mean("slo.share"), "seeds": len(records), "requests": n})
-        return reasons[0] if reasons else ""
+        return (reasons[0] if reasons else ""), 0
 
     def search(self, cands: list[Candidate]) -> dict[Candidate, dict[str, Any]]:
         """All candidates advance together, one round of probes at a time (parallel tasks)."""
@@ -293,18 +305,12 @@ class Planner:
                 rate = st["next"]
                 n = st.get("requests") or s.requests
                 recs = records[i * s.seeds:(i + 1) * s.seeds]
-                why = self._judge(c, rate, recs, n)
-                if not why:
-                    need = self._steady_requests(rate, recs, n)
-                    if need > n:
-                        if n < s.max_requests:  # the same rate again, over a longer span
-                            self.probes.pop()  # (no verdict: superseded by the longer probe)
-                            st["requests"] = min(need, s.max_requests)
-                            self.log(f"{c.name}: {rate:.3g} req/s: {n} requests span less than "
-                                     f"{STEADY_LATENCIES:g} mean latencies; again with {st['requests']}")
-                            continue
-                        why = self._too_short(rate, recs, n)
-                        self.probes[-1].update(meets_slo=False, reason=why)
+                why, again = self._judge(c, rate, recs, n)
+                if again:  # the same rate again, over a longer span
+                    st["requests"] = again
+                    self.log(f"{c.name}: {rate:.3g} req/s: {n} requests span less than "
+                             f"{STEADY_LATENCIES:g} mean latencies; again with {again}")
+                    continue
                 st["requests"] = None  # (each rate starts from --requests: no path dependence)
                 if why:
                     st["hi"] = rate
@@ -373,12 +379,12 @@ class Planner:
             if rec["status"] != "ok":
                 return rec["error"], {}
             why = self.s.slo.check(rec["metrics"])
-            need = self._steady_requests(self.s.target_rate, [rec], n)
-            if why or need <= n:
+            again = 0
+            if not why:
+                why, again = self._steady(self.s.target_rate, [rec], n)
+            if not again:
                 return why, rec["metrics"]
-            if n >= self.s.max_requests:
-                return self._too_short(self.s.target_rate, [rec], n), rec["metrics"]
-            n = min(need, self.s.max_requests)
+            n = again
 
     def confirm(self, c: Candidate, replicas: int) -> dict[str, Any]:
         """Smallest N near the estimate whose cluster meets the SLO, with N - 1's result."""

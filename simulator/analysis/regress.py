@@ -32,10 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from simulator import __version__
-from simulator.config.schema import yaml_problem
+from simulator.config.schema import read_yaml
 from simulator.errors import ConfigError, did_you_mean
 
 BASELINE_SCHEMA_VERSION = 1
@@ -137,12 +135,7 @@ def _tolerances(where: str, data: dict[str, Any], base: dict[str, float]) -> dic
 
 
 def _read_yaml(path: Path) -> Any:
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML ({yaml_problem(e)})") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text ({e})") from None
+    return read_yaml(path, str(path))
 
 
 def load_suite(suite: str | Path) -> list[Scenario]:

@@ -511,7 +511,7 @@ def load_sweep(config_path: str | None, grid_items: list[str], num_seeds: int | 
     grid = section.get("grid") or {}
     if not isinstance(grid, dict):
         raise ConfigError(f"sweep.grid: expected a mapping key -> [values], got {grid!r}")
-    grid = {k: (v if isinstance(v, list) else [v]) for k, v in dict(grid).items()}
+    grid = {k: (v if isinstance(v, list) else [v]) for k, v in grid.items()}
     grid.update(parse_grid(grid_items))
     grid = check_grid(grid)
     apply_overrides(data, overrides)

@@ -188,6 +188,17 @@ def yaml_problem(e: yaml.YAMLError) -> str:
     return str(e).splitlines()[0]
 
 
+def read_yaml(path: Path, what: str) -> Any:
+    """A YAML file's data; ConfigError `what: invalid YAML (line, column: problem)` or `what:
+    not UTF-8 text (...)` on one line (`what` names the file as the caller's errors do)."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what}: invalid YAML ({yaml_problem(e)})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what}: not UTF-8 text ({e})") from None
+
+
 def load_config(path: str | Path | None) -> dict[str, Any]:
     """Raw dict from a YAML file (validated later, after overrides). Relative paths in it that
     exist beside the file are rewritten to reach them (paths.rebase_paths); an empty file is
@@ -200,12 +211,7 @@ def load_config(path: str | Path | None) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path}: not found" if not path.exists() else
                           f"config file {path}: not a regular file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path}: invalid YAML ({yaml_problem(e)})") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"config file {path}: not UTF-8 text ({e})") from None
+    data = read_yaml(path, f"config file {path}")
     if data is None:
         raise ConfigError(f"config file {path}: no settings (the file is empty or holds only "
                           f"comments); write {{}} to run the defaults")

@@ -144,14 +144,9 @@ def get_gpu(name: str) -> GpuSpec:
     if path.suffix in (".yaml", ".yml"):
         if not path.is_file():
             raise ConfigError(f"GPU profile {path}: file not found")
-        try:
-            data = yaml.safe_load(path.read_text())
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
-            from simulator.config.schema import yaml_problem
+        from simulator.config.schema import read_yaml
 
-            why = yaml_problem(e) if isinstance(e, yaml.YAMLError) else f"not UTF-8 text: {e}"
-            raise ConfigError(f"GPU profile {path}: invalid YAML ({why})") from None
-        return _from_dict(data or {}, str(path))
+        return _from_dict(read_yaml(path, f"GPU profile {path}") or {}, str(path))
     raise ConfigError(f"unknown GPU {name!r}{did_you_mean(key, list(index))}; valid: "
                       f"{', '.join(gpu_names())}, or a path to a profile YAML")
 

@@ -186,10 +186,9 @@ class IterationsWriter:
         self._schema = None
         self.num_rows = 0
         self._thread: threading.Thread | None = None  # a background close (close(background=True))
-        self._error: BaseException | None = None
         self._group: threading.Thread | None = None  # the row group being encoded and written
-        self._group_error: BaseException | None = None
-        self._failed: BaseException | None = None  # a write that failed: raised again by every call
+        # a write that failed (in either thread): raised in the caller's thread by every later call
+        self._failed: BaseException | None = None
 
     def write(self, chunk: dict[str, np.ndarray]) -> None:
         """A sealed chunk (table columns in order, compact dtypes); whole row groups go out."""
@@ -238,8 +237,8 @@ class IterationsWriter:
     def _write_table(self, table: pa.Table) -> None:
         try:
             self._writer.write_table(table)
-        except BaseException as e:  # noqa: BLE001 (raised again by _join_group, in the caller's thread)
-            self._group_error = e
+        except BaseException as e:  # noqa: BLE001 (raised by _join_group, in the caller's thread)
+            self._failed = e
 
     def _join_group(self) -> None:
         """The row group in flight written (its error raised here), its memory handed back."""
@@ -247,10 +246,7 @@ class IterationsWriter:
             return
         self._group.join()
         self._group = None
-        error, self._group_error = self._group_error, None
-        if error is not None:
-            self._failed = error
-            raise error
+        self._check()
         release_memory(self.num_rows)  # the group's columns, freed
 
     def _check(self) -> None:
@@ -289,8 +285,8 @@ class IterationsWriter:
         def close() -> None:
             try:
                 self._close()
-            except BaseException as e:  # noqa: BLE001 (raised again by wait, in the caller's thread)
-                self._error = e
+            except BaseException as e:  # noqa: BLE001 (raised by wait, in the caller's thread)
+                self._failed = e
         self._thread = threading.Thread(target=close, name="iterations.parquet")
         self._thread.start()
 
@@ -300,8 +296,6 @@ class IterationsWriter:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-            if self._error is not None:
-                self._failed = self._error
         self._check()
 
     def _close(self) -> None:

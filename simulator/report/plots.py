@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from simulator.config.schema import read_yaml
 from simulator.errors import ConfigError
 from simulator.metrics.alerts import evaluate, preemption_rate, resolve_rules
 from simulator.metrics.summary import resolve_slo
@@ -67,10 +67,7 @@ def load_run(run_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
                           f"make one with `kvsim run --out {d}`")
     config = {}
     if (d / "config.yaml").is_file():
-        try:
-            config = yaml.safe_load((d / "config.yaml").read_text()) or {}
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{d / 'config.yaml'}: not a kvsim output ({e})") from None
+        config = read_yaml(d / "config.yaml", str(d / "config.yaml")) or {}
         if not isinstance(config, dict):
             raise ConfigError(f"{d / 'config.yaml'}: not a kvsim output (expected a mapping)")
     return _read_table(d / "requests.parquet"), _read_table(d / "iterations.parquet"), config
