@@ -64,6 +64,12 @@ class DecodeRun:
     # the last step ends after the next arrival (decode_run's `straddle`): its record's waiting
     # count is the queue as the run's end finds it
     straddles: bool = False
+    # a run made in one pass through its finishes (Scheduler._decode_run_through): the k records
+    # as one block of columns (then the parts' columns hold only kv_usage, for the trace), its
+    # token gaps and how many each step has (None: each part records its own columns)
+    columns: dict | None = None
+    gaps: np.ndarray | None = None
+    gaps_per_step: np.ndarray | None = None
 
 
 # NOTE: a cost model whose step_time was replaced (a test's fixed step) is evaluated step by

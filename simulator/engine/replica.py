@@ -169,14 +169,18 @@ class Replica:
         """After a decode run: per part its records as columns (a last step that straddled an
         arrival records the queue as it is now, as step by step after that step); the trace
         rows."""
+        merged = run.columns is not None  # one block for the whole run (_decode_run_through)
         if run.straddles:
-            columns = run.parts[-1].columns
+            columns = run.columns if merged else run.parts[-1].columns
             k = len(columns["start_s"])
             waiting = np.full(k, columns["num_waiting"])
             waiting[-1] = self.scheduler.stats().num_waiting
             columns["num_waiting"] = waiting
-        for part in run.parts:
-            self.recorder.record_many(part.columns, part.gaps, len(part.reqs))
+        if merged:
+            self.recorder.record_many(run.columns, run.gaps, run.gaps_per_step)
+        else:
+            for part in run.parts:
+                self.recorder.record_many(part.columns, part.gaps, len(part.reqs))
         if self.trace is not None:
             self.trace.decode_run(run)
         if self.on_iteration is not None:

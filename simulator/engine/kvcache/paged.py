@@ -230,12 +230,19 @@ class PagedAllocator(PoolClock):
     def decode_gauges(self, taken: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(used_slots, usage) after each step of a run, `taken` blocks into it (cumulative),
         as stats() computes them; taken blocks are already out of the free queue."""
+        return self.free_gauges((len(self.pool.free_queue) + int(taken[-1])) - taken)
+
+    # a decode run may go on past a finish: the blocks a finished request frees are free blocks
+    # like any other (free_gauges reads the gauges off the free-block count alone)
+    decode_run_frees = True
+
+    def free_gauges(self, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(used_slots, usage) at each free-block count of `free`, as stats() computes them."""
         tables = self._gauge_tables
         if tables is None:  # by free-block count: stats()' values, computed once
             nb = self.pool.num_blocks
-            free = np.arange(nb, dtype=np.int64)
-            tables = self._gauge_tables = ((nb - 1 - free) * self.block_size, 1.0 - free / (nb - 1))
-        free = (len(self.pool.free_queue) + int(taken[-1])) - taken
+            counts = np.arange(nb, dtype=np.int64)
+            tables = self._gauge_tables = ((nb - 1 - counts) * self.block_size, 1.0 - counts / (nb - 1))
         return tables[0][free], tables[1][free]
 
     def stats(self) -> KVStats:

@@ -823,6 +823,8 @@ class Scheduler:
         # P/D's kept blocks)
         finishes = self.offload is None and not self.delay_free_blocks
         past = finishes and self._runs_past_finish()
+        if past and not self.window_tokens and getattr(kv, "decode_run_frees", False):
+            return self._decode_run_through(now, until_s, run_times, max_steps, straddle, room)
         parts: list[RunPart] = []
         all_starts: list[np.ndarray] = []
         t = now
@@ -872,6 +874,179 @@ class Scheduler:
         self._pure = True  # as the loop leaves it after the run's last step
         self._quiet = not parts[-1].finished
         return DecodeRun(delay, self._run_starts(all_starts), parts, straddles=straddled)
+
+    def _decode_run_through(self, now: float, until_s: float, run_times: Callable[..., np.ndarray],
+                            max_steps: int, straddle: bool, room: int) -> DecodeRun | None:
+        """decode_run (sync) where the run goes on past every finish (`_runs_past_finish`) and the
+        blocks a finish frees are room like any other (the KV manager's `decode_run_frees`):
+        the run's segments (the steps between two finishing steps) found and applied in one
+        pass, the same steps, blocks, records and finishes as decode_run's parts. Request i
+        (slot i, L_i = target - outputs steps left) decodes in steps 0..L_i - 1 and finishes
+        at the end of step L_i - 1. Steps:
+        1. the blocks each request takes below min(L_i, horizon), in the loop's order (step,
+           then slot: one sorted grid, as _decode_block_events);
+        2. segment by segment (ends: the distinct L, ascending): its needs against the room
+           (the run stops before the step of the need the free queue cannot give; a segment's
+           finishes free their blocks: room for the next), its durations (the m_s requests
+           left, KV entries C_s + m_s (j + 1)) and start times summed on from the last end;
+           the segment the next arrival falls in is the last (a finishing step may not
+           straddle it);
+        3. counters advanced by min(L_i, k), the blocks popped segment by segment with each
+           finishing step's frees after its pops (same ids), the finished written back as
+           commit does (finish time = their last step's end), out of the batch in one pass;
+        4. the k records as one block: m_j = #(L > j) decode, #(L > j + 1) left running, the KV
+           gauges off the free-block count (free0 - taken + freed through j), the stored
+           tokens used - (capacity - computed) (used - capacity is the same on every step: a
+           block taken adds bs to both, a finish takes its blocks from both)."""
+        rb = self.running
+        kv = self.kv
+        m0 = rb.m
+        bs = kv.block_size
+        free0 = room
+        used0 = kv.stats().used_slots
+        left = rb.target_out[:m0] - rb.num_out[:m0]  # L: steps each request still decodes (>= 1)
+        left_list = left.tolist()
+        ends = sorted(set(left_list))  # the segments' ends (each one's last step finishes someone)
+        horizon = min(ends[-1], max_steps)
+        c = rb.computed[:m0]
+        cap = rb.capacity[:m0]
+        # 1. request i takes a block at steps j0_i + q bs < min(L_i, horizon) (_decode_block_events)
+        steps = (cap - c) + self._layer_steps(-(-horizon // bs))
+        key = steps * m0
+        key += self._slots[:m0]
+        key = key[steps < np.minimum(left, horizon)]
+        key.sort()
+        ev_j, ev_i = np.divmod(key, m0)
+        per_req = np.bincount(ev_i, minlength=m0)
+        held = (cap // bs + per_req).tolist()  # blocks each holds at its finish (its needs come before)
+        c_list = c.tolist()
+        cap_sum = sum(cap.tolist())
+        # 2. segment by segment: m_s = #(L > a), C_s = their computed (in L order: m0 is small)
+        by_left = sorted(zip(left_list, c_list))
+        c_left = sum(c_list)
+        t = now
+        a = lo = pos = 0  # the segment's first step, the events and finishers before it
+        pieces: list[np.ndarray] = []
+        durs: list[np.ndarray] = []
+        k = 0
+        cut: tuple[int, float, bool] | None = None
+        for end in ends:
+            b = min(end, horizon)
+            hi = int(ev_j.searchsorted(b))
+            if hi - lo > room:  # stop before the step of the need the free queue cannot give
+                b = int(ev_j[lo + room])
+                hi = lo + room
+                if b <= a:
+                    k = a
+                    break
+            m = m0 - pos
+            durations = run_times(m, c_left + m * (a + 1), b - a)
+            piece = np.empty(b - a + 1)
+            piece[0] = t
+            piece[1:] = durations
+            _accumulate(piece, out=piece)  # (sums on from the last end, as SimPy adds them)
+            pieces.append(piece)
+            durs.append(durations)
+            if piece[-1] >= until_s:  # the next arrival comes during this segment: the last
+                cut = self._cut_summed(now, until_s, self._run_starts(pieces), b,
+                                       ((b - 1) if b == end else b) if straddle else 0)
+                k = 0 if cut is None else cut[0]
+                break
+            k = b
+            if b < end or b == horizon:
+                break
+            t = float(piece[-1])
+            room -= hi - lo
+            while pos < m0 and by_left[pos][0] == end:  # its finishers leave, their blocks free
+                c_left -= by_left[pos][1]
+                pos += 1
+            room += sum(h for h, n in zip(held, left_list) if n == end)
+            lo = hi
+            a = b
+        if k < 1:
+            return None
+        starts = self._run_starts(pieces)[:k + 1]
+        if cut is None:
+            delay = exact_delay(now, float(starts[k]))
+            if delay is None:
+                return None
+            straddled = False
+        else:
+            k, delay, straddled = cut
+        durations = (durs[0] if len(durs) == 1 else np.concatenate(durs))[:k]
+        # 4. the k records (before the counters move: c, cap are views of the columns)
+        n_ev = int(ev_j.searchsorted(k))
+        ev_i, ev_j = ev_i[:n_ev], ev_j[:n_ev]
+        j = np.arange(k, dtype=np.int64)
+        sorted_left = np.sort(left)
+        m_step = m0 - sorted_left.searchsorted(j, side="right")  # #(L > j): decode in step j
+        gone = sorted_left.searchsorted(j + 1, side="right")  # #(L <= j + 1): gone after step j
+        m_after = m0 - gone
+        free = free0 - ev_j.searchsorted(j, side="right")  # less the blocks taken through step j
+        fin_steps = [n - 1 for n in ends if n <= k]
+        if fin_steps:  # plus those freed by the finishes through step j
+            freed = np.zeros(len(fin_steps) + 1, np.int64)
+            freed[1:] = [sum(h for h, n in zip(held, left_list) if n == f + 1) for f in fin_steps]
+            free += _accumulate(freed)[np.searchsorted(fin_steps, j, side="right")]
+        used, usage = kv.free_gauges(free)
+        # stored = used - (capacity - computed) of those left = (used0 - cap0) + sum of their
+        # computed (c_i + j + 1)
+        suffix = np.zeros(m0 + 1, np.int64)  # suffix[q]: computed summed over by_left[q:]
+        suffix[:m0] = _accumulate(np.array([cc for _, cc in reversed(by_left)], np.int64))[::-1]
+        stored = (used0 - cap_sum) + suffix[gone] + (j + 1) * m_after
+        first_gaps = starts[1] - rb.last_token[:m0]
+        gaps = (np.concatenate((first_gaps, (starts[2:] - starts[1:-1]).repeat(m_step[1:])))
+                if k > 1 else first_gaps)
+        columns = {
+            "start_s": starts[:k], "duration_s": durations, "num_seqs": m_step,
+            "num_tokens": m_step, "prefill_tokens": _ZERO, "decode_tokens": m_step,
+            "num_preempted": _ZERO, "num_admitted": _ZERO, "num_running": m_after,
+            "num_waiting": np.int64(len(self.queue) + len(self.kv_holding)), "kv_used_slots": used,
+            "kv_usage": usage, "kv_tokens_stored": stored, "num_sampled": m_step,
+            "prefix_queries_total": None, "prefix_hits_total": None, "evictions_total": None,
+            "swap_s": None if self.swap is None else _ZERO_S, "kv_external_frag_slots": None}
+        # 3. counters (request i decoded min(L_i, k) steps, its last token at that step's end),
+        # then the blocks popped segment by segment, each finishing step's frees after its pops
+        ran = np.minimum(left, k)
+        rids = rb.ids[ev_i].tolist()
+        times = starts[ev_j]
+        if n_ev:
+            rb.capacity[:m0] += bs * np.bincount(ev_i, minlength=m0)
+        rb.computed[:m0] += ran
+        rb.cols[TOKENS:NUM_OUT + 1, :m0] += ran  # tokens and num_out
+        rb.last_token[:m0] = starts[ran]
+        reqs = list(rb.reqs)
+        parts: list[RunPart] = []
+        finished_slots: list[int] = []
+        lo = a = 0
+        for end in ends:
+            b = min(end, k)
+            hi = int(ev_j.searchsorted(b)) if b < k else n_ev
+            if hi > lo:
+                kv.take_decode_blocks(rids[lo:hi], times[lo:hi])
+            done: list[Request] = []
+            if b == end:  # its last step finishes those with L == end, in slot order (commit's)
+                kv.now = float(starts[b - 1])
+                t_end = float(starts[b])
+                slots = [i for i, n in enumerate(left_list) if n == end]
+                done = [self._finish_slot(i, t_end) for i in slots]
+                finished_slots += slots
+            parts.append(RunPart({"kv_usage": usage[a:b]}, None,
+                                 [r for r, n in zip(reqs, left_list) if n > a], done))
+            lo = hi
+            a = b
+            if b == k:
+                break
+        if finished_slots:
+            rb.remove_slots(sorted(finished_slots))
+        kv.now = float(starts[k - 1])
+        self._gaps = gaps[-int(m_step[-1]):]
+        self._admitted = []
+        self.step_swap_s = 0.0
+        self._pure = True  # as the loop leaves it after the run's last step
+        self._quiet = not parts[-1].finished
+        return DecodeRun(delay, starts, parts, straddles=straddled, columns=columns, gaps=gaps,
+                         gaps_per_step=m_step)
 
     def _head_waits(self, m: int) -> bool:
         """Whether the next step's admission (step 3 of `schedule`, or the prompts of
@@ -1123,6 +1298,11 @@ class Scheduler:
         ends strictly after it; that end is reachable by one exact SimPy delay: (k, delay,
         whether the last step straddles the arrival), or None when no step is left."""
         _accumulate(starts, out=starts)  # (np.cumsum's sums, without its ~3 us of wrappers)
+        return self._cut_summed(now, until_s, starts, k, straddle)
+
+    def _cut_summed(self, now: float, until_s: float, starts: np.ndarray, k: int, straddle: int = 0
+                    ) -> tuple[int, float, bool] | None:
+        """_cut_to_arrival over start times already summed."""
         k_arr = int(starts[1:].searchsorted(until_s, side="left"))
         straddled = False
         if k_arr < k:
