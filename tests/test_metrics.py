@@ -244,3 +244,15 @@ def test_distinct_is_np_unique():
     for x in cases:
         got, want = distinct(x), np.unique(x)
         assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), x[:5]
+
+
+def test_record_row_is_step_record_fields_in_order():
+    """Replica._record hands MetricsRecorder.record_row StepRecord's fields as a tuple (no record
+    object a step): the recorder's row order must be StepRecord's, token_gaps apart."""
+    import dataclasses
+
+    from simulator.metrics import recorder
+
+    fields = [f.name for f in dataclasses.fields(recorder.StepRecord)]
+    assert list(recorder._NAMES) == [f for f in fields if f != "token_gaps"]
+    assert fields[-1] == "token_gaps"

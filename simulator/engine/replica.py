@@ -6,7 +6,7 @@ Invariants:
 - the replica sleeps on an event when it has nothing to do and wakes on the next arrival;
 - a step that schedules nothing while work is pending is a bug and raises (never a hang);
 - the loop records nothing itself: each step's Batch and the scheduler's stats after commit
-  become one StepRecord for the metrics recorder (what is kept is the stats' business);
+  become one row (StepRecord's fields) for the metrics recorder (what is kept is the stats' business);
 - async scheduling (`run_async`, vLLM 0.33's EngineCore.step_with_batch_queue with two batches
   in flight): step n+1 is scheduled when step n starts, before step n's output is committed;
   step n+1 starts when step n ends; a step's tokens reach the client when it commits.
@@ -25,7 +25,7 @@ from simulator.engine.advance import ArrivalClock, decode_run_fn
 from simulator.engine.costmodel import CostModel
 from simulator.engine.protocols import SchedulerInterface
 from simulator.engine.steptrace import StepTrace
-from simulator.metrics.recorder import MetricsRecorder, StepRecord
+from simulator.metrics.recorder import MetricsRecorder
 from simulator.workload.generators import RequestArrays
 from simulator.workload.request import Request, Status
 
@@ -195,12 +195,13 @@ class Replica:
         for req in finished:
             self._ended(req)
         shape = batch.shape
-        self.recorder.record(StepRecord(
+        # (StepRecord's fields in order, as a row: no record object a step)
+        self.recorder.record_row((
             start, duration, batch.num_seqs, shape.num_tokens, batch.num_prefill_tokens,
             batch.num_decode_tokens, batch.num_preempted, batch.num_admitted, s.num_running,
             s.num_waiting, kv.used_slots, kv.usage, s.kv_tokens_stored, shape.num_sampled,
             kv.prefix_queries, kv.prefix_hits, kv.num_evictions, batch.swap_s,
-            kv.external_frag_slots, s.token_gaps))
+            kv.external_frag_slots), s.token_gaps)
         if self.on_iteration is not None:
             self.on_iteration()
 

@@ -376,14 +376,18 @@ class MetricsRecorder:
     # --- appending ------------------------------------------------------------------------
     def record(self, step: StepRecord) -> None:
         """One engine step (StepRecord's fields; its token gaps join the gap counts)."""
+        self.record_row(_ROW(step), step.token_gaps)
+
+    def record_row(self, row: tuple, gaps: np.ndarray | None) -> None:
+        """`record` of a step given as its row: StepRecord's fields in order, less token_gaps
+        (`gaps`): what the replica's loop hands over, with no StepRecord made (every step)."""
         n = self._n
-        self._rows.append(_ROW(step))
+        self._rows.append(row)
         self._row_at.append(n)
         self._n = n + 1
         self.num_steps += 1
         if n + 1 >= _CHUNK_ROWS:
             self._seal()
-        gaps = step.token_gaps
         if gaps is not None:  # add_token_gaps, inlined (every step)
             self._gap_buffer.append(gaps)
             self._gap_buffered += len(gaps)

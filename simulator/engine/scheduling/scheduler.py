@@ -918,7 +918,10 @@ class Scheduler:
         key.sort()
         ev_j, ev_i = np.divmod(key, m0)
         per_req = np.bincount(ev_i, minlength=m0)
-        held = (cap // bs + per_req).tolist()  # blocks each holds at its finish (its needs come before)
+        # the blocks a finishing step frees: its finishers' own plus those they take in the run
+        freed_at: dict[int, int] = {}  # L -> blocks
+        for n, h in zip(left_list, (cap // bs + per_req).tolist()):
+            freed_at[n] = freed_at.get(n, 0) + h
         c_list = c.tolist()
         cap_sum = sum(cap.tolist())
         # 2. segment by segment: m_s = #(L > a), C_s = their computed (in L order: m0 is small)
@@ -960,7 +963,7 @@ class Scheduler:
             while pos < m0 and by_left[pos][0] == end:  # its finishers leave, their blocks free
                 c_left -= by_left[pos][1]
                 pos += 1
-            room += sum(h for h, n in zip(held, left_list) if n == end)
+            room += freed_at[end]
             lo = hi
             a = b
         if k < 1:
@@ -986,7 +989,7 @@ class Scheduler:
         fin_steps = [n - 1 for n in ends if n <= k]
         if fin_steps:  # plus those freed by the finishes through step j
             freed = np.zeros(len(fin_steps) + 1, np.int64)
-            freed[1:] = [sum(h for h, n in zip(held, left_list) if n == f + 1) for f in fin_steps]
+            freed[1:] = [freed_at[f + 1] for f in fin_steps]
             free += _accumulate(freed)[np.searchsorted(fin_steps, j, side="right")]
         used, usage = kv.free_gauges(free)
         # stored = used - (capacity - computed) of those left = (used0 - cap0) + sum of their
@@ -1032,7 +1035,7 @@ class Scheduler:
                 done = [self._finish_slot(i, t_end) for i in slots]
                 finished_slots += slots
             parts.append(RunPart({"kv_usage": usage[a:b]}, None,
-                                 [r for r, n in zip(reqs, left_list) if n > a], done))
+                                 [r for r, n in zip(reqs, left_list) if n > a] if a else reqs, done))
             lo = hi
             a = b
             if b == k:
