@@ -225,6 +225,16 @@ class KVCacheManager(KVCacheView, Protocol):
         """(used_slots, usage) after each step of a run, given the blocks taken through it."""
         ...
 
+    # read only where decode_room() is not None: True where a decode run may go on past a
+    # finish in one pass (Scheduler._decode_run_through): the blocks a finish frees are room
+    # like any other, a request's capacity is its blocks' slots and the gauges are a function
+    # of the free-block count alone (free_gauges)
+    decode_run_frees: bool
+
+    def free_gauges(self, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(used_slots, usage) at each free-block count of `free` (where decode_run_frees)."""
+        ...
+
 
 class EvictionPolicy(Protocol):
     """Orders the *free* blocks of a BlockPool: only ref-count-0 blocks are here; popping one

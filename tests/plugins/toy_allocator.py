@@ -56,6 +56,11 @@ class ToyBump:
     def take_decode_blocks(self, req_ids, times) -> None:
         raise AssertionError("not used when decode_room() is None")
 
+    decode_run_frees = False  # (decode_room is None: never read)
+
+    def free_gauges(self, free):
+        raise AssertionError("not used when decode_room() is None")
+
     def decode_gauges(self, taken):
         raise AssertionError("not used when decode_room() is None")
 

@@ -123,6 +123,12 @@ class ContiguousAllocator:
         if req_ids:
             raise AssertionError("contiguous reservations give decode runs no room to take")
 
+    # a finish frees a region, not blocks a run could take (decode_room is 0): no run goes past it
+    decode_run_frees = False
+
+    def free_gauges(self, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raise AssertionError("contiguous reservations: no decode run goes past a finish")
+
     def decode_gauges(self, taken: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         k = len(taken)
         return np.full(k, self._used, np.int64), np.full(k, self._used / self.total_slots)

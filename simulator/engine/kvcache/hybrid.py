@@ -272,5 +272,10 @@ class HybridAllocator(PoolClock):
     def take_decode_blocks(self, req_ids: list[int], times: Any) -> None:
         raise AssertionError("hybrid KV: decode runs are not taken in one pass")
 
+    decode_run_frees = False  # (decode_room is None: never read)
+
+    def free_gauges(self, free):
+        raise AssertionError("hybrid KV: decode runs are not taken in one pass")
+
     def decode_gauges(self, taken):
         raise AssertionError("hybrid KV: decode runs are not taken in one pass")

@@ -823,7 +823,7 @@ class Scheduler:
         # P/D's kept blocks)
         finishes = self.offload is None and not self.delay_free_blocks
         past = finishes and self._runs_past_finish()
-        if past and not self.window_tokens and getattr(kv, "decode_run_frees", False):
+        if past and not self.window_tokens and kv.decode_run_frees:
             return self._decode_run_through(now, until_s, run_times, max_steps, straddle, room)
         parts: list[RunPart] = []
         all_starts: list[np.ndarray] = []
