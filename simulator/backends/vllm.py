@@ -422,7 +422,8 @@ class VllmScheduler:
         return dict(self._scheduled)
 
     def decode_run(self, now: float, until_s: float, run_times, max_steps: int = 4096,
-                   inflight_s: float | None = None, straddle: bool = False) -> None:
+                   inflight_s: float | None = None, straddle: bool = False,
+                   step_time=None) -> None:
         """vLLM's scheduler is driven step by step (the reference): no decode runs."""
         return None
 

@@ -70,6 +70,10 @@ class DecodeRun:
     columns: dict | None = None
     gaps: np.ndarray | None = None
     gaps_per_step: np.ndarray | None = None
+    # a sync run that opens with a prompt step (Scheduler._prompt_then_run): (that step's record
+    # row, the admitted req_id); `starts` then begin at the decode steps' first start, and a run
+    # of the prompt step alone has no parts
+    prompt: tuple | None = None
 
 
 # NOTE: a cost model whose step_time was replaced (a test's fixed step) is evaluated step by

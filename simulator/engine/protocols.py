@@ -298,14 +298,16 @@ class SchedulerInterface(Protocol):
 
     def decode_run(self, now: float, until_s: float, run_times: Callable[..., np.ndarray],
                    max_steps: int = 4096, inflight_s: float | None = None,
-                   straddle: bool = False) -> DecodeRun | None:
+                   straddle: bool = False, step_time: Callable[[StepShape], float] | None = None
+                   ) -> DecodeRun | None:
         """The next pure-decode steps at once, ending before until_s (engine/advance.py);
         None: step instead. `run_times(m, first, k[, window_kv_tokens])`: the durations of k
         pure-decode steps of m requests whose KV entries are first + m j
         (CostModel.decode_run_times, advance.decode_run_fn). `inflight_s`: async scheduling,
         the duration of the step in flight (it started at `now`). `straddle`: an arrival only
         joins this replica's queue (one replica), so the run's last step may be the one during
-        which it arrives."""
+        which it arrives. `step_time`: the cost model's (sync), for a run that opens with a
+        prompt step (DecodeRun.prompt); None: no such run."""
         ...
 
 

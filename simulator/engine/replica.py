@@ -129,7 +129,7 @@ class Replica:
                 continue
             if clock is not None:
                 run = sched.decode_run(env.now, clock.next_s, self._decode_run_times,
-                                       straddle=self.solo)
+                                       straddle=self.solo, step_time=step_time)
                 if run is not None:
                     self._run_ended(run)
                     yield env.timeout(run.delay)
@@ -169,6 +169,8 @@ class Replica:
         """After a decode run: per part its records as columns (a last step that straddled an
         arrival records the queue as it is now, as step by step after that step); the trace
         rows."""
+        if run.prompt is not None:  # the run opened with a prompt step (_prompt_then_run)
+            self.recorder.record_row(run.prompt[0], None)
         merged = run.columns is not None  # one block for the whole run (_decode_run_through)
         if run.straddles:
             columns = run.columns if merged else run.parts[-1].columns

@@ -57,6 +57,11 @@ class StepTrace:
         after it."""
         starts = run.starts.tolist()
         pending = self._pending
+        if run.prompt is not None:  # its prompt step (sync): the admitted request's whole prompt
+            row, req_id = run.prompt
+            self.rows.append({"step": len(self.rows), "t_s": row[0], "scheduled": [[req_id, row[3]]],
+                              "preempted": [], "admitted": [[req_id, 0]], "finished": [],
+                              "kv_usage": row[11]})
         lag = int(run.pipelined)  # async: step j was scheduled when j-1 started
         j = 0
         scheduled: list = []

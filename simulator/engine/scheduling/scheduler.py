@@ -159,6 +159,12 @@ class Scheduler:
         # (fcfs, continuous batching, no CPU tier bringing requests back)
         self._arrival_joins_tail = (type(queue) is FCFS and batching.admits_waiting
                                     and offload is None)
+        # a sync prefill-first run may open with the prompt step of an arrival admitted alone
+        # (`_prompt_then_run`): fcfs continuous batching, no swap space, no CPU tier, no sliding
+        # window, and runs that go past finishes on this KV manager
+        self._opens_with_prompt = (self._arrival_joins_tail and not chunked_prefill
+                                   and not async_scheduling and swap is None and not window_tokens
+                                   and kv.decode_room() is not None and kv.decode_run_frees)
 
     # --- queue side ----------------------------------------------------------------------
     def add_request(self, req: Request, holds_kv: bool = False) -> None:
@@ -777,7 +783,8 @@ class Scheduler:
 
     def decode_run(self, now: float, until_s: float, run_times: Callable[..., np.ndarray],
                    max_steps: int = 4096, inflight_s: float | None = None,
-                   straddle: bool = False) -> DecodeRun | None:
+                   straddle: bool = False, step_time: Callable[[StepShape], float] | None = None
+                   ) -> DecodeRun | None:
         """The next k pure-decode steps at once (engine/advance.py), or None when the next step
         may differ from the last (the caller then steps). Steps:
         1. precondition: the last step was a pure decode of every running request, committed
@@ -803,7 +810,14 @@ class Scheduler:
             return self._decode_run_async(now, until_s, run_times, max_steps, inflight_s, straddle)
         rb = self.running
         m = rb.m
-        if not m or self._cut_at == (now, until_s):
+        if self._cut_at == (now, until_s):
+            return None
+        if (not self._quiet and step_time is not None and len(self.queue) == 1
+                and self._opens_with_prompt):
+            run = self._prompt_then_run(now, until_s, run_times, max_steps, straddle, step_time)
+            if run is not None:
+                return run
+        if not m:
             return None
         kv = self.kv
         if not self._quiet:
@@ -875,8 +889,67 @@ class Scheduler:
         self._quiet = not parts[-1].finished
         return DecodeRun(delay, self._run_starts(all_starts), parts, straddles=straddled)
 
+    def _prompt_then_run(self, now: float, until_s: float, run_times: Callable[..., np.ndarray],
+                         max_steps: int, straddle: bool, step_time: Callable[[StepShape], float]
+                         ) -> DecodeRun | None:
+        """A sync prefill-first run that opens with the loop's next step when that step is the
+        prompt of the one waiting request, admitted alone (`_opens_with_prompt`): a fresh
+        request (nothing computed, no output, never preempted) whose whole prompt fits the
+        budget, the sequence cap and the free blocks, that makes more than one output, beside
+        a batch of decodes only; the step must end strictly before the next arrival. The step
+        is `_schedule_prefill_first` + `_commit_prompts` in closed form (the same allocation,
+        shape, duration and record), then the run goes on from its end as a run through
+        finishes (`_decode_run_through`; the queue is empty now). None (nothing changed) where
+        that does not hold: the loop takes the step."""
+        req = self.queue.peek()
+        rb = self.running
+        m = rb.m
+        num_new = req.num_tokens
+        if (req.num_computed_tokens or req.num_output_tokens or req.num_preemptions
+                or req.output_tokens <= 1 or num_new > self.max_num_batched_tokens
+                or m >= self.max_num_seqs or self.kv_holding or self.watched_finishes
+                or self.delay_free_blocks
+                or (m and (_nnz(rb.tokens[:m] - rb.computed[:m] == 1) < m or _nnz(rb.num_out[:m]) < m))):
+            return None
+        # _summarise_prompts' shape of one prompt with nothing computed (n = t, c = 0)
+        shape = StepShape(num_new, 1, float(num_new * num_new + num_new) / 2.0, num_new, 1, num_new, -1)
+        duration = step_time(shape) + 0.0  # (Replica.run adds the step's swap time, None: 0.0)
+        end = now + duration  # (SimPy's env.now after the step's timeout)
+        if not end < until_s or exact_delay(now, end) is None:
+            return None
+        kv = self.kv
+        kv.now = now
+        cap = kv.allocate_slots(req, num_new, 0, full_sequence_must_fit=self.reserve_full_isl)
+        if cap is None:
+            return None
+        # schedule: admitted (_admit_waiting, admit); commit: _commit_prompts
+        self.step_swap_s = 0.0
+        self._admitted = []
+        self.queue.pop()
+        slot = self.admit(req, 0, cap, now)
+        rb.computed[slot] = num_new
+        rb.tokens[slot] += 1
+        rb.num_out[slot] += 1
+        rb.last_token[slot] = end
+        req.first_token_s = end
+        self._gaps = None
+        self._pure = self._quiet = False
+        s = self.stats()  # the record after commit (Replica._record's row)
+        k = s.kv
+        row = (now, duration, 1, num_new, num_new, 0, 0, 1, s.num_running, s.num_waiting,
+               k.used_slots, k.usage, s.kv_tokens_stored, 1, k.prefix_queries, k.prefix_hits,
+               k.num_evictions, None, k.external_frag_slots)
+        run = self._decode_run_through(now, until_s, run_times, max_steps, straddle,
+                                       kv.decode_room(), start=end)
+        if run is None:  # the prompt step alone (it ends before the arrival)
+            run = DecodeRun(exact_delay(now, end), np.array([now, end]), [])
+            kv.now = now
+        run.prompt = (row, req.req_id)
+        return run
+
     def _decode_run_through(self, now: float, until_s: float, run_times: Callable[..., np.ndarray],
-                            max_steps: int, straddle: bool, room: int) -> DecodeRun | None:
+                            max_steps: int, straddle: bool, room: int, start: float | None = None
+                            ) -> DecodeRun | None:
         """decode_run (sync) where the run goes on past every finish (`_runs_past_finish`) and the
         blocks a finish frees are room like any other (the KV manager's `decode_run_frees`):
         the run's segments (the steps between two finishing steps) found and applied in one
@@ -897,7 +970,9 @@ class Scheduler:
         4. the k records as one block: m_j = #(L > j) decode, #(L > j + 1) left running, the KV
            gauges off the free-block count (free0 - taken + freed through j), the stored
            tokens used - (capacity - computed) (used - capacity is the same on every step: a
-           block taken adds bs to both, a finish takes its blocks from both)."""
+           block taken adds bs to both, a finish takes its blocks from both).
+        `start`: the first step's start when the run began earlier (`_prompt_then_run`: after
+        its prompt step; `now` is the run's start, what its SimPy delay counts from)."""
         rb = self.running
         kv = self.kv
         m0 = rb.m
@@ -927,7 +1002,7 @@ class Scheduler:
         # 2. segment by segment: m_s = #(L > a), C_s = their computed (in L order: m0 is small)
         by_left = sorted(zip(left_list, c_list))
         c_left = sum(c_list)
-        t = now
+        t = now if start is None else start
         a = lo = pos = 0  # the segment's first step, the events and finishers before it
         pieces: list[np.ndarray] = []
         durs: list[np.ndarray] = []
