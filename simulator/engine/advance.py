@@ -69,7 +69,7 @@ class DecodeRun:
     # token gaps and how many each step has (None: each part records its own columns)
     columns: dict | None = None
     gaps: np.ndarray | None = None
-    gaps_per_step: np.ndarray | None = None
+    gaps_per_step: np.ndarray | int | None = None
     # a sync run that opens with a prompt step (Scheduler._prompt_then_run): (that step's record
     # row, the admitted req_id); `starts` then begin at the decode steps' first start, and a run
     # of the prompt step alone has no parts

@@ -992,11 +992,15 @@ class Scheduler:
         key = key[steps < np.minimum(left, horizon)]
         key.sort()
         ev_j, ev_i = np.divmod(key, m0)
-        per_req = np.bincount(ev_i, minlength=m0)
-        # the blocks a finishing step frees: its finishers' own plus those they take in the run
-        freed_at: dict[int, int] = {}  # L -> blocks
-        for n, h in zip(left_list, (cap // bs + per_req).tolist()):
-            freed_at[n] = freed_at.get(n, 0) + h
+        freed_at: dict[int, int] = {}  # L -> the blocks its finishing step frees (made when needed)
+
+        def freed(n: int) -> int:
+            """Blocks the finishers with L == n free: their own plus those they take in the run
+            (all before their finish)."""
+            if not freed_at:
+                for q, h in zip(left_list, (cap // bs + np.bincount(ev_i, minlength=m0)).tolist()):
+                    freed_at[q] = freed_at.get(q, 0) + h
+            return freed_at[n]
         c_list = c.tolist()
         cap_sum = sum(cap.tolist())
         # 2. segment by segment: m_s = #(L > a), C_s = their computed (in L order: m0 is small)
@@ -1038,7 +1042,7 @@ class Scheduler:
             while pos < m0 and by_left[pos][0] == end:  # its finishers leave, their blocks free
                 c_left -= by_left[pos][1]
                 pos += 1
-            room += freed_at[end]
+            room += freed(end)
             lo = hi
             a = b
         if k < 1:
@@ -1055,25 +1059,42 @@ class Scheduler:
         # 4. the k records (before the counters move: c, cap are views of the columns)
         n_ev = int(ev_j.searchsorted(k))
         ev_i, ev_j = ev_i[:n_ev], ev_j[:n_ev]
-        j = np.arange(k, dtype=np.int64)
-        sorted_left = np.sort(left)
-        m_step = m0 - sorted_left.searchsorted(j, side="right")  # #(L > j): decode in step j
-        gone = sorted_left.searchsorted(j + 1, side="right")  # #(L <= j + 1): gone after step j
-        m_after = m0 - gone
-        free = free0 - ev_j.searchsorted(j, side="right")  # less the blocks taken through step j
-        fin_steps = [n - 1 for n in ends if n <= k]
-        if fin_steps:  # plus those freed by the finishes through step j
-            freed = np.zeros(len(fin_steps) + 1, np.int64)
-            freed[1:] = [freed_at[f + 1] for f in fin_steps]
-            free += _accumulate(freed)[np.searchsorted(fin_steps, j, side="right")]
-        used, usage = kv.free_gauges(free)
+        j1 = np.arange(1, k + 1, dtype=np.int64)  # j + 1
+        free = free0 - ev_j.searchsorted(j1 - 1, side="right")  # less the blocks taken through step j
         # stored = used - (capacity - computed) of those left = (used0 - cap0) + sum of their
         # computed (c_i + j + 1)
-        suffix = np.zeros(m0 + 1, np.int64)  # suffix[q]: computed summed over by_left[q:]
-        suffix[:m0] = _accumulate(np.array([cc for _, cc in reversed(by_left)], np.int64))[::-1]
-        stored = (used0 - cap_sum) + suffix[gone] + (j + 1) * m_after
+        base = used0 - cap_sum
+        fin = [n for n in ends if n <= k]  # the finishing steps (n - 1) of the run
+        if not fin:  # the same m0 on every step (one value for the k steps)
+            m_step = m_after = np.int64(m0)
+            per_step: np.ndarray | int = m0
+            first = base + sum(c_list) + m0
+            stored = np.arange(first, first + m0 * k, m0, dtype=np.int64)
+        else:
+            # after each finishing step f = n - 1 (through the next one): those with L > n run,
+            # their computed summed, the blocks freed so far: constant pieces of the k steps
+            lens = [fin[0] - 1] + [b - a for a, b in zip(fin, fin[1:])] + [k - fin[-1] + 1]
+            m_vals, c_vals, f_vals = [m0], [sum(c_list)], [0]
+            q = 0
+            for n in fin:
+                while by_left[q][0] <= n:  # (q < m0: the last end is finished only at n)
+                    q += 1
+                    if q == m0:
+                        break
+                m_vals.append(m0 - q)
+                c_vals.append(sum(cc for _, cc in by_left[q:]))
+                f_vals.append(f_vals[-1] + freed(n))
+            counts = np.array(lens, np.int64)
+            m_after = np.repeat(np.array(m_vals, np.int64), counts)
+            m_step = np.empty(k, np.int64)  # #(L > j) = those left after step j - 1
+            m_step[0] = m0
+            m_step[1:] = m_after[:-1]
+            per_step = m_step
+            stored = base + np.repeat(np.array(c_vals, np.int64), counts) + j1 * m_after
+            free += np.repeat(np.array(f_vals, np.int64), counts)  # plus the blocks freed so far
+        used, usage = kv.free_gauges(free)
         first_gaps = starts[1] - rb.last_token[:m0]
-        gaps = (np.concatenate((first_gaps, (starts[2:] - starts[1:-1]).repeat(m_step[1:])))
+        gaps = (np.concatenate((first_gaps, (starts[2:] - starts[1:-1]).repeat(m0 if not fin else m_step[1:])))
                 if k > 1 else first_gaps)
         columns = {
             "start_s": starts[:k], "duration_s": durations, "num_seqs": m_step,
@@ -1118,13 +1139,13 @@ class Scheduler:
         if finished_slots:
             rb.remove_slots(sorted(finished_slots))
         kv.now = float(starts[k - 1])
-        self._gaps = gaps[-int(m_step[-1]):]
+        self._gaps = gaps[-(m0 if not fin else int(m_step[-1])):]
         self._admitted = []
         self.step_swap_s = 0.0
         self._pure = True  # as the loop leaves it after the run's last step
         self._quiet = not parts[-1].finished
         return DecodeRun(delay, starts, parts, straddles=straddled, columns=columns, gaps=gaps,
-                         gaps_per_step=m_step)
+                         gaps_per_step=per_step)
 
     def _head_waits(self, m: int) -> bool:
         """Whether the next step's admission (step 3 of `schedule`, or the prompts of
