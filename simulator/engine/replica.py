@@ -169,10 +169,13 @@ class Replica:
         """After a decode run: per part its records as columns (a last step that straddled an
         arrival records the queue as it is now, as step by step after that step); the trace
         rows."""
-        if run.prompt is not None:  # the run opened with a prompt step (_prompt_then_run)
-            self.recorder.record_row(run.prompt[0], None)
         merged = run.columns is not None  # one block for the whole run (_decode_run_through)
-        if run.straddles:
+        if run.prompt is not None:  # the run opened with a prompt step (_prompt_then_run)
+            row = run.prompt[0]
+            if run.straddles and not run.parts:  # that step alone, during which one arrived
+                row = (*row[:9], self.scheduler.stats().num_waiting, *row[10:])
+            self.recorder.record_row(row, None)
+        if run.straddles and run.parts:
             columns = run.columns if merged else run.parts[-1].columns
             k = len(columns["start_s"])
             waiting = np.full(k, columns["num_waiting"])

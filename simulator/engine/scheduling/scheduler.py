@@ -899,8 +899,9 @@ class Scheduler:
         a batch of decodes only; the step must end strictly before the next arrival. The step
         is `_schedule_prefill_first` + `_commit_prompts` in closed form (the same allocation,
         shape, duration and record), then the run goes on from its end as a run through
-        finishes (`_decode_run_through`; the queue is empty now). None (nothing changed) where
-        that does not hold: the loop takes the step."""
+        finishes (`_decode_run_through`; the queue is empty now). With `straddle` (one replica)
+        the step may be the one during which the next arrival comes: the run is that step alone.
+        None (nothing changed) where that does not hold: the loop takes the step."""
         req = self.queue.peek()
         rb = self.running
         m = rb.m
@@ -915,7 +916,9 @@ class Scheduler:
         shape = StepShape(num_new, 1, float(num_new * num_new + num_new) / 2.0, num_new, 1, num_new, -1)
         duration = step_time(shape) + 0.0  # (Replica.run adds the step's swap time, None: 0.0)
         end = now + duration  # (SimPy's env.now after the step's timeout)
-        if not end < until_s or exact_delay(now, end) is None:
+        # an arrival during the step only joins the queue (one replica): the run is this step
+        alone = not end < until_s
+        if (alone and not (straddle and end > until_s)) or exact_delay(now, end) is None:
             return None
         kv = self.kv
         kv.now = now
@@ -939,10 +942,10 @@ class Scheduler:
         row = (now, duration, 1, num_new, num_new, 0, 0, 1, s.num_running, s.num_waiting,
                k.used_slots, k.usage, s.kv_tokens_stored, 1, k.prefix_queries, k.prefix_hits,
                k.num_evictions, None, k.external_frag_slots)
-        run = self._decode_run_through(now, until_s, run_times, max_steps, straddle,
-                                       kv.decode_room(), start=end)
-        if run is None:  # the prompt step alone (it ends before the arrival)
-            run = DecodeRun(exact_delay(now, end), np.array([now, end]), [])
+        run = None if alone else self._decode_run_through(now, until_s, run_times, max_steps,
+                                                          straddle, kv.decode_room(), start=end)
+        if run is None:  # the prompt step alone
+            run = DecodeRun(exact_delay(now, end), np.array([now, end]), [], straddles=alone)
             kv.now = now
         run.prompt = (row, req.req_id)
         return run
