@@ -257,6 +257,78 @@ def test_one_replica_runs_take_the_step_an_arrival_comes_in(mode):
     assert counts["loop"] <= 1.3 * counts["finished"], counts
 
 
+def _through_counting(overrides: list[str]) -> dict[str, int]:
+    """One event-level run, counting the runs taken through finishes in one pass, the segments
+    and finishes in them, and the runs that opened with a prompt step (and those alone)."""
+    import simulator.engine.scheduling.scheduler as sched_mod
+    counts = {"through": 0, "segments": 0, "finished_in_through": 0, "prompt_runs": 0,
+              "prompt_alone": 0}
+    through, opener = sched_mod.Scheduler._decode_run_through, sched_mod.Scheduler._prompt_then_run
+
+    def counting_through(self, *a, **k):
+        r = through(self, *a, **k)
+        if r is not None:
+            counts["through"] += 1
+            counts["segments"] += len(r.parts)
+            counts["finished_in_through"] += sum(len(p.finished) for p in r.parts)
+            assert r.columns is not None and len(r.columns["start_s"]) == len(r.starts) - 1
+        return r
+
+    def counting_opener(self, *a, **k):
+        r = opener(self, *a, **k)
+        if r is not None:
+            counts["prompt_runs"] += 1
+            counts["prompt_alone"] += not r.parts
+        return r
+    sched_mod.Scheduler._decode_run_through = counting_through
+    sched_mod.Scheduler._prompt_then_run = counting_opener
+    try:
+        res = run(build_config(None, [*overrides, "engine.advance=event"]))
+    finally:
+        sched_mod.Scheduler._decode_run_through, sched_mod.Scheduler._prompt_then_run = through, opener
+    counts["finished"] = res.summary["requests"]["finished"]
+    return counts
+
+
+@pytest.mark.parametrize("mode", [
+    # W1-like: light load, one replica; prompts of ~1,000-3,000 tokens, the next arrival often
+    # during a prompt step
+    ["workload.arrival.rate=1.0", "workload.prompt_tokens={dist: lognormal, mean: 1500, cv: 0.6, max: 3000}"],
+    # a small pool: a run through finishes stops where the free queue runs out, a prompt that
+    # does not fit is left to the loop (preemptions there)
+    ["workload.arrival.rate=8", "engine.num_gpu_blocks_override=300"],
+    # static batching: runs go past finishes with a waiting queue, no prompt step opens a run
+    ["engine.scheduler=static", "workload.arrival.rate=20"],
+    # contiguous reservations: a finish frees a region, not room a run takes (decode_run_frees
+    # False): runs go part by part, the loop takes each admission
+    ["engine.kv_allocator=contiguous", "workload.arrival.rate=2.0"],
+])
+def test_runs_through_finishes_and_prompt_openers(mode):
+    """Sync prefill-first runs that go past finishes in one pass (_decode_run_through) and open
+    with the prompt step of the request that just arrived (_prompt_then_run): byte-identical
+    outputs and step traces against the step loop, and the one-pass paths are the ones taken
+    (a run through several finishes, admissions in runs) where they apply."""
+    overrides = [*LIGHT, "engine.enable_chunked_prefill=false", *mode]
+    with tempfile.TemporaryDirectory() as tmp:
+        step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
+        event, trace_e = _outputs(overrides, "event", Path(tmp) / "e")
+    assert event == step
+    assert trace_e == trace_s
+    counts = _through_counting(overrides)
+    if "engine.kv_allocator=contiguous" in mode:
+        assert counts["through"] == counts["prompt_runs"] == 0, counts
+        return
+    assert counts["through"] > 0 and counts["finished_in_through"] >= 0.5 * counts["finished"], counts
+    assert counts["segments"] > counts["through"], counts  # some went on past a finish
+    admissions = sum(1 for r in trace_s if r["admitted"])
+    if "engine.scheduler=static" in mode:
+        assert counts["prompt_runs"] == 0, counts
+    else:
+        assert counts["prompt_runs"] >= 0.5 * admissions, (counts, admissions)
+    if "workload.arrival.rate=1.0" in mode:
+        assert counts["prompt_alone"] > 0, counts  # an arrival during the prompt step
+
+
 @pytest.mark.parametrize("mode", [
     ["engine.enable_chunked_prefill=false", "engine.max_num_batched_tokens=4096",
      "workload.arrival.rate=1.0"],  # W1-like, sync
