@@ -1097,8 +1097,11 @@ class Scheduler:
             free += np.repeat(np.array(f_vals, np.int64), counts)  # plus the blocks freed so far
         used, usage = kv.free_gauges(free)
         first_gaps = starts[1] - rb.last_token[:m0]
-        gaps = (np.concatenate((first_gaps, (starts[2:] - starts[1:-1]).repeat(m0 if not fin else m_step[1:])))
-                if k > 1 else first_gaps)
+        if k > 1:  # step 0: each one's gap since its last token; then the step's duration, m_j times
+            later = (starts[2:] - starts[1:-1]).repeat(m0 if not fin else m_step[1:])
+            gaps = np.concatenate((first_gaps, later))
+        else:
+            gaps = first_gaps
         columns = {
             "start_s": starts[:k], "duration_s": durations, "num_seqs": m_step,
             "num_tokens": m_step, "prefill_tokens": _ZERO, "decode_tokens": m_step,
