@@ -31,6 +31,7 @@ make identical decisions (tests/test_scheduler.py checks this).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -127,6 +128,7 @@ class Scheduler:
         self._ones = self.running.ones  # sums as dot products (exact, cheaper than reductions)
         self._slots = np.arange(self.running.cols.shape[1], dtype=np.int64)  # slot numbers 0..max_num_seqs-1
         self._layer_cols: dict[int, np.ndarray] = {}  # _layer_steps' columns
+        self._shortest_step: float | None = None  # a decode step of one request (_decode_run_through)
         # sync: the step's samplers, their count and its decodes (_summarise's, for commit)
         self._step_sampled: tuple[np.ndarray, int, int] | None = None
         self._prompt_first = -1  # sync: the first slot of a prompt-only step (_summarise_prompts), or -1
@@ -985,7 +987,18 @@ class Scheduler:
         left = rb.target_out[:m0] - rb.num_out[:m0]  # L: steps each request still decodes (>= 1)
         left_list = left.tolist()
         ends = sorted(set(left_list))  # the segments' ends (each one's last step finishes someone)
+        t = now if start is None else start
+        # the steps looked at: through the last finish, at most max_steps, and no further than
+        # the next arrival can be at the shortest step there is (a run that stops short is
+        # exact: the next one goes on from its end; this keeps the block grid to the ~k steps
+        # a run takes before the next arrival, not the longest output left)
         horizon = min(ends[-1], max_steps)
+        if until_s < math.inf:
+            floor = self._shortest_step
+            if floor is None:
+                floor = self._shortest_step = float(run_times(1, 1, 1)[0])
+            if floor > 0.0 and (until_s - t) / floor + 2 < horizon:
+                horizon = int((until_s - t) / floor) + 2
         c = rb.computed[:m0]
         cap = rb.capacity[:m0]
         # 1. request i takes a block at steps j0_i + q bs < min(L_i, horizon) (_decode_block_events)
@@ -1009,7 +1022,6 @@ class Scheduler:
         # 2. segment by segment: m_s = #(L > a), C_s = their computed (in L order: m0 is small)
         by_left = sorted(zip(left_list, c_list))
         c_left = sum(c_list)
-        t = now if start is None else start
         a = lo = pos = 0  # the segment's first step, the events and finishers before it
         pieces: list[np.ndarray] = []
         durs: list[np.ndarray] = []
