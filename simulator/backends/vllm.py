@@ -418,6 +418,9 @@ class VllmScheduler:
         return SchedulerStats(len(vs.running), len(vs.waiting), stored, self.kv.stats(),
                               self.num_preemptions, self._gaps)
 
+    def num_waiting(self) -> int:
+        return len(self.vs.waiting)
+
     def scheduled(self) -> dict[int, int]:
         return dict(self._scheduled)
 

@@ -292,6 +292,10 @@ class SchedulerInterface(Protocol):
 
     def stats(self) -> SchedulerStats: ...
 
+    def num_waiting(self) -> int:
+        """stats().num_waiting alone (a decode run's straddled step reads it after every run)."""
+        ...
+
     def scheduled(self) -> dict[int, int]:
         """{req_id: tokens} of the step just scheduled, in running order (tests, traces)."""
         ...

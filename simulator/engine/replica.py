@@ -173,13 +173,13 @@ class Replica:
         if run.prompt is not None:  # the run opened with a prompt step (_prompt_then_run)
             row = run.prompt[0]
             if run.straddles and not run.parts:  # that step alone, during which one arrived
-                row = (*row[:9], self.scheduler.stats().num_waiting, *row[10:])
+                row = (*row[:9], self.scheduler.num_waiting(), *row[10:])
             self.recorder.record_row(row, None)
         if run.straddles and run.parts:
             columns = run.columns if merged else run.parts[-1].columns
             k = len(columns["start_s"])
             waiting = np.full(k, columns["num_waiting"])
-            waiting[-1] = self.scheduler.stats().num_waiting
+            waiting[-1] = self.scheduler.num_waiting()
             columns["num_waiting"] = waiting
         if merged:
             self.recorder.record_many(run.columns, run.gaps, run.gaps_per_step)

@@ -939,11 +939,12 @@ class Scheduler:
         req.first_token_s = end
         self._gaps = None
         self._pure = self._quiet = False
-        s = self.stats()  # the record after commit (Replica._record's row)
-        k = s.kv
-        row = (now, duration, 1, num_new, num_new, 0, 0, 1, s.num_running, s.num_waiting,
-               k.used_slots, k.usage, s.kv_tokens_stored, 1, k.prefix_queries, k.prefix_hits,
-               k.num_evictions, None, k.external_frag_slots)
+        # the record after commit (Replica._record's row: stats()' gauges)
+        k = kv.stats()
+        computed, capacity = rb.computed_and_capacity(m + 1)
+        row = (now, duration, 1, num_new, num_new, 0, 0, 1, m + 1, self.num_waiting(),
+               k.used_slots, k.usage, k.used_slots - (capacity - computed), 1, k.prefix_queries,
+               k.prefix_hits, k.num_evictions, None, k.external_frag_slots)
         run = None if alone else self._decode_run_through(now, until_s, run_times, max_steps,
                                                           straddle, kv.decode_room(), start=end)
         if run is None:  # the prompt step alone
@@ -1558,6 +1559,9 @@ class Scheduler:
         return SchedulerStats(m, len(self.queue) + len(self.kv_holding), stored, kv,
                               self.num_preemptions, self._gaps, swap,
                               None if self.offload is None else self.offload.stats)
+
+    def num_waiting(self) -> int:
+        return len(self.queue) + len(self.kv_holding)
 
     def scheduled(self) -> dict[int, int]:
         """{req_id: tokens} of the step just scheduled, in running order (tests, traces)."""
