@@ -118,10 +118,7 @@ def test_decode_runs_happen_and_cut_the_loop(mode):
     overrides = [*mode, "engine.enable_prefix_caching=false",
                  "workload.num_requests=40", "workload.arrival.rate=1.0", "model=llama-2-7b",
                  "gpu=a100-80gb"]
-    with tempfile.TemporaryDirectory() as tmp:
-        step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
-        event, trace_e = _outputs(overrides, "event", Path(tmp) / "e")
-    assert event == step and trace_e == trace_s
+    trace_s = _same_as_step(overrides)
     import simulator.engine.scheduling.scheduler as sched_mod
     calls = []
     original = sched_mod.Scheduler.decode_run
@@ -140,14 +137,30 @@ def test_decode_runs_happen_and_cut_the_loop(mode):
     assert len(calls) < 0.05 * len(trace_s)
 
 
+def _same_as_step(overrides: list[str]) -> list:
+    """The event-level run's outputs and step trace against the step loop's (byte-identical,
+    equal); the trace."""
+    with tempfile.TemporaryDirectory() as tmp:
+        step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
+        event, trace_e = _outputs(overrides, "event", Path(tmp) / "e")
+    assert event == step
+    assert trace_e == trace_s
+    return trace_s
+
+
 def _run_counting(overrides: list[str]) -> dict[str, int]:
-    """One event-level run, counting its loop steps, decode runs and the finishes inside them."""
+    """One event-level run, counting its loop steps, decode runs and the finishes inside them;
+    of those, the runs taken through finishes in one pass (their segments and finishes) and
+    the runs that opened with a prompt step (and those that were that step alone)."""
     import simulator.engine.scheduling.scheduler as sched_mod
-    counts = {"loop": 0, "runs": 0, "run_steps": 0, "finished_in_runs": 0}
-    decode_run, schedule = sched_mod.Scheduler.decode_run, sched_mod.Scheduler.schedule
+    counts = dict.fromkeys(("loop", "runs", "run_steps", "finished_in_runs", "through", "segments",
+                            "finished_in_through", "prompt_runs", "prompt_alone"), 0)
+    cls = sched_mod.Scheduler
+    originals = {name: getattr(cls, name)
+                 for name in ("decode_run", "schedule", "_decode_run_through", "_prompt_then_run")}
 
     def counting_run(self, *a, **k):
-        r = decode_run(self, *a, **k)
+        r = originals["decode_run"](self, *a, **k)
         if r is not None:
             counts["runs"] += 1
             counts["run_steps"] += len(r.starts) - 1
@@ -156,12 +169,32 @@ def _run_counting(overrides: list[str]) -> dict[str, int]:
 
     def counting_schedule(self, *a, **k):
         counts["loop"] += 1
-        return schedule(self, *a, **k)
-    sched_mod.Scheduler.decode_run, sched_mod.Scheduler.schedule = counting_run, counting_schedule
+        return originals["schedule"](self, *a, **k)
+
+    def counting_through(self, *a, **k):
+        r = originals["_decode_run_through"](self, *a, **k)
+        if r is not None:
+            counts["through"] += 1
+            counts["segments"] += len(r.parts)
+            counts["finished_in_through"] += sum(len(p.finished) for p in r.parts)
+            assert r.columns is not None and len(r.columns["start_s"]) == len(r.starts) - 1
+        return r
+
+    def counting_opener(self, *a, **k):
+        r = originals["_prompt_then_run"](self, *a, **k)
+        if r is not None:
+            counts["prompt_runs"] += 1
+            counts["prompt_alone"] += not r.parts
+        return r
+    wrappers = {"decode_run": counting_run, "schedule": counting_schedule,
+                "_decode_run_through": counting_through, "_prompt_then_run": counting_opener}
+    for name, f in wrappers.items():
+        setattr(cls, name, f)
     try:
         res = run(build_config(None, [*overrides, "engine.advance=event"]))
     finally:
-        sched_mod.Scheduler.decode_run, sched_mod.Scheduler.schedule = decode_run, schedule
+        for name, f in originals.items():
+            setattr(cls, name, f)
     counts["finished"] = res.summary["requests"]["finished"]
     return counts
 
@@ -211,11 +244,7 @@ def test_finishes_inside_decode_runs(mode, share):
     commit's order and popped by the next steps): byte-identical outputs and step traces, and a
     good share of the finishes happen inside runs."""
     overrides = [*LIGHT, *mode]
-    with tempfile.TemporaryDirectory() as tmp:
-        step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
-        event, trace_e = _outputs(overrides, "event", Path(tmp) / "e")
-    assert event == step
-    assert trace_e == trace_s
+    _same_as_step(overrides)
     counts = _run_counting(overrides)
     assert counts["finished_in_runs"] >= share * counts["finished"], counts
 
@@ -231,10 +260,7 @@ def test_runs_go_on_while_the_queue_head_cannot_be_admitted(mode):
     loop takes about one step per request (its admission), plus the preempting steps."""
     overrides = [*LIGHT, *mode, "workload.arrival.rate=40", "engine.num_gpu_blocks_override=400",
                  "workload.num_requests=100"]
-    with tempfile.TemporaryDirectory() as tmp:
-        step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
-        event, trace_e = _outputs(overrides, "event", Path(tmp) / "e")
-    assert event == step and trace_e == trace_s
+    trace_s = _same_as_step(overrides)
     counts = _run_counting(overrides)
     trace_steps = len(trace_s)
     admissions = sum(1 for r in trace_s if r["admitted"])
@@ -249,45 +275,9 @@ def test_one_replica_runs_take_the_step_an_arrival_comes_in(mode):
     request arrives (it only joins the queue), so the loop takes about one step per request
     (its admission), not three (admission, finish, the step the arrival came in)."""
     overrides = [*LIGHT, *mode, "workload.arrival.rate=1.0"]
-    with tempfile.TemporaryDirectory() as tmp:
-        step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
-        event, trace_e = _outputs(overrides, "event", Path(tmp) / "e")
-    assert event == step and trace_e == trace_s
+    _same_as_step(overrides)
     counts = _run_counting(overrides)
     assert counts["loop"] <= 1.3 * counts["finished"], counts
-
-
-def _through_counting(overrides: list[str]) -> dict[str, int]:
-    """One event-level run, counting the runs taken through finishes in one pass, the segments
-    and finishes in them, and the runs that opened with a prompt step (and those alone)."""
-    import simulator.engine.scheduling.scheduler as sched_mod
-    counts = {"through": 0, "segments": 0, "finished_in_through": 0, "prompt_runs": 0,
-              "prompt_alone": 0}
-    through, opener = sched_mod.Scheduler._decode_run_through, sched_mod.Scheduler._prompt_then_run
-
-    def counting_through(self, *a, **k):
-        r = through(self, *a, **k)
-        if r is not None:
-            counts["through"] += 1
-            counts["segments"] += len(r.parts)
-            counts["finished_in_through"] += sum(len(p.finished) for p in r.parts)
-            assert r.columns is not None and len(r.columns["start_s"]) == len(r.starts) - 1
-        return r
-
-    def counting_opener(self, *a, **k):
-        r = opener(self, *a, **k)
-        if r is not None:
-            counts["prompt_runs"] += 1
-            counts["prompt_alone"] += not r.parts
-        return r
-    sched_mod.Scheduler._decode_run_through = counting_through
-    sched_mod.Scheduler._prompt_then_run = counting_opener
-    try:
-        res = run(build_config(None, [*overrides, "engine.advance=event"]))
-    finally:
-        sched_mod.Scheduler._decode_run_through, sched_mod.Scheduler._prompt_then_run = through, opener
-    counts["finished"] = res.summary["requests"]["finished"]
-    return counts
 
 
 @pytest.mark.parametrize("mode", [
@@ -309,12 +299,8 @@ def test_runs_through_finishes_and_prompt_openers(mode):
     outputs and step traces against the step loop, and the one-pass paths are the ones taken
     (a run through several finishes, admissions in runs) where they apply."""
     overrides = [*LIGHT, "engine.enable_chunked_prefill=false", *mode]
-    with tempfile.TemporaryDirectory() as tmp:
-        step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
-        event, trace_e = _outputs(overrides, "event", Path(tmp) / "e")
-    assert event == step
-    assert trace_e == trace_s
-    counts = _through_counting(overrides)
+    trace_s = _same_as_step(overrides)
+    counts = _run_counting(overrides)
     if "engine.kv_allocator=contiguous" in mode:
         assert counts["through"] == counts["prompt_runs"] == 0, counts
         return

@@ -984,7 +984,8 @@ class Scheduler:
         m0 = rb.m
         bs = kv.block_size
         free0 = room
-        used0 = kv.stats().used_slots
+        stats0 = kv.stats()
+        used0 = stats0.used_slots
         left = rb.target_out[:m0] - rb.num_out[:m0]  # L: steps each request still decodes (>= 1)
         left_list = left.tolist()
         ends = sorted(set(left_list))  # the segments' ends (each one's last step finishes someone)
@@ -1109,14 +1110,8 @@ class Scheduler:
             gaps = np.concatenate((first_gaps, later))
         else:
             gaps = first_gaps
-        columns = {
-            "start_s": starts[:k], "duration_s": durations, "num_seqs": m_step,
-            "num_tokens": m_step, "prefill_tokens": _ZERO, "decode_tokens": m_step,
-            "num_preempted": _ZERO, "num_admitted": _ZERO, "num_running": m_after,
-            "num_waiting": np.int64(len(self.queue) + len(self.kv_holding)), "kv_used_slots": used,
-            "kv_usage": usage, "kv_tokens_stored": stored, "num_sampled": m_step,
-            "prefix_queries_total": None, "prefix_hits_total": None, "evictions_total": None,
-            "swap_s": None if self.swap is None else _ZERO_S, "kv_external_frag_slots": None}
+        columns = self._run_columns(starts[:k], durations, m_step, m_after, used, usage, stored,
+                                    stats0)
         # 3. counters (request i decoded min(L_i, k) steps, its last token at that step's end),
         # then the blocks popped segment by segment, each finishing step's frees after its pops
         ran = np.minimum(left, k)
@@ -1529,22 +1524,28 @@ class Scheduler:
         self._admitted = []
         self.step_swap_s = 0.0
         full = np.int64(m)
-        zero = _ZERO
+        return self._run_columns(starts[:k], durations, full, full, used, usage, stored, stats), gaps
 
+    def _run_columns(self, starts: np.ndarray, durations: np.ndarray, seqs: np.ndarray | np.generic,
+                     running: np.ndarray | np.generic, used: np.ndarray, usage: np.ndarray,
+                     stored: np.ndarray, stats: KVStats) -> dict[str, Any]:
+        """A decode run's k records as MetricsRecorder.record_many columns: `seqs` decode (one
+        token each, all sampled) in each step, `running` are left after it (k values, or one
+        numpy scalar for the k steps); the KV manager's running totals as they are (`stats`:
+        nothing in a run changes them)."""
         def const(value: int | None) -> np.generic | None:
             return None if value is None else np.asarray(value)[()]
-        columns = {
-            "start_s": starts[:k], "duration_s": durations, "num_seqs": full,
-            "num_tokens": full, "prefill_tokens": zero, "decode_tokens": full,
-            "num_preempted": zero, "num_admitted": zero, "num_running": full,
+        return {
+            "start_s": starts, "duration_s": durations, "num_seqs": seqs,
+            "num_tokens": seqs, "prefill_tokens": _ZERO, "decode_tokens": seqs,
+            "num_preempted": _ZERO, "num_admitted": _ZERO, "num_running": running,
             "num_waiting": np.int64(len(self.queue) + len(self.kv_holding)), "kv_used_slots": used,
-            "kv_usage": usage, "kv_tokens_stored": stored, "num_sampled": full,
+            "kv_usage": usage, "kv_tokens_stored": stored, "num_sampled": seqs,
             "prefix_queries_total": const(stats.prefix_queries),
             "prefix_hits_total": const(stats.prefix_hits),
             "evictions_total": const(stats.num_evictions),
             "swap_s": None if self.swap is None else _ZERO_S,
             "kv_external_frag_slots": const(stats.external_frag_slots)}
-        return columns, gaps
 
     def stats(self) -> SchedulerStats:
         rb = self.running
