@@ -147,8 +147,15 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 def _encode(values: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
     """(sorted distinct values, uint16 codes) of a float chunk, or (None, values) when it has
     too many distinct values or the codes would not give back its exact bits (np.unique
-    merges -0.0 with 0.0)."""
-    table, codes = np.unique(values, return_inverse=True)
+    merges -0.0 with 0.0). np.unique over the runs of equal neighbours (a gauge holds its value
+    over several steps), the runs' codes repeated: the same table and codes, ~1/3 the sort."""
+    n = len(values)
+    edge = np.empty(n, bool)
+    edge[:1] = True
+    np.not_equal(values[1:], values[:-1], out=edge[1:])
+    starts = edge.nonzero()[0]
+    table, run_codes = np.unique(values[starts], return_inverse=True)
+    codes = run_codes.repeat(np.diff(starts, append=n))
     if len(table) > _MAX_CODES or not _same_bits(table[codes], values):
         return None, values
     return table, codes.astype(np.uint16)
@@ -769,6 +776,8 @@ class MetricsRecorder:
         c = c[order]
         del order
         # the same values as v[order], in place: equal uint64 keys are the same bits, so any
-        # sort gives them (quicksort: ~2x faster); floats keep the stable order (-0.0 == 0.0)
-        key.sort(kind=None if bits else "stable")
+        # sort gives them; floats keep the stable order (-0.0 == 0.0). Stable (timsort) either
+        # way: v is the parts' sorted values end to end, runs timsort merges (W1's 660,000 in
+        # 44 parts: 12.6 ms, quicksort 39 ms)
+        key.sort(kind="stable")
         return v, c
