@@ -315,6 +315,25 @@ def test_runs_through_finishes_and_prompt_openers(mode):
         assert counts["prompt_alone"] > 0, counts  # an arrival during the prompt step
 
 
+@pytest.mark.parametrize("overrides", [
+    ["engine.max_num_batched_tokens=4", "engine.max_model_len=4", "engine.max_num_seqs=8",
+     "workload.prompt_tokens={dist: constant, value: 1}",
+     "workload.output_tokens={dist: constant, value: 3}", "workload.num_requests=40",
+     "workload.arrival.rate=100"],
+    ["seed=18", "engine.max_num_batched_tokens=5", "engine.max_model_len=5", "engine.max_num_seqs=7",
+     "workload.prompt_tokens={dist: constant, value: 1}",
+     "workload.output_tokens={dist: uniform, low: 1, high: 4}", "workload.num_requests=114",
+     "workload.arrival.rate=200"],
+])
+def test_prompt_openers_with_a_budget_below_the_sequence_cap(overrides):
+    """More running requests than the token budget holds one token each (max_num_seqs >
+    max_num_batched_tokens, allowed where max_model_len fits the budget): the loop decodes only
+    the first `budget` of them, so a run may not open with a prompt step that leaves more than
+    `budget` decodes (a review's find: the run decoded all of them)."""
+    _same_as_step(["engine.enable_chunked_prefill=false", "engine.enable_prefix_caching=false",
+                   *overrides])
+
+
 @pytest.mark.parametrize("mode", [
     ["engine.enable_chunked_prefill=false", "engine.max_num_batched_tokens=4096",
      "workload.arrival.rate=1.0"],  # W1-like, sync

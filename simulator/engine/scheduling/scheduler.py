@@ -898,7 +898,8 @@ class Scheduler:
         prompt of the one waiting request, admitted alone (`_opens_with_prompt`): a fresh
         request (nothing computed, no output, never preempted) whose whole prompt fits the
         budget, the sequence cap and the free blocks, that makes more than one output, beside
-        a batch of decodes only; the step must end strictly before the next arrival. The step
+        a batch of decodes only that all decode in one step with it (m + 1 <= the budget); the
+        step must end strictly before the next arrival. The step
         is `_schedule_prefill_first` + `_commit_prompts` in closed form (the same allocation,
         shape, duration and record), then the run goes on from its end as a run through
         finishes (`_decode_run_through`; the queue is empty now). With `straddle` (one replica)
@@ -908,9 +909,12 @@ class Scheduler:
         rb = self.running
         m = rb.m
         num_new = req.num_tokens
+        # (m + 1 > the budget: the decodes after the step do not all fit one step, decode_run's
+        # own precondition; the loop takes it)
         if (req.num_computed_tokens or req.num_output_tokens or req.num_preemptions
                 or req.output_tokens <= 1 or num_new > self.max_num_batched_tokens
-                or m >= self.max_num_seqs or self.kv_holding or self.watched_finishes
+                or m >= self.max_num_seqs or m + 1 > self.max_num_batched_tokens
+                or self.kv_holding or self.watched_finishes
                 or self.delay_free_blocks
                 or (m and (_nnz(rb.tokens[:m] - rb.computed[:m] == 1) < m or _nnz(rb.num_out[:m]) < m))):
             return None
