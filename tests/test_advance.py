@@ -315,6 +315,24 @@ def test_runs_through_finishes_and_prompt_openers(mode):
         assert counts["prompt_alone"] > 0, counts  # an arrival during the prompt step
 
 
+def test_a_traced_empty_step_is_committed_in_the_trace():
+    """Async scheduling: a schedule that preempts and runs nothing is traced (it preempted) and
+    committed at once; its row must be committed in the trace too, or every later row takes the
+    row before it, and a decode run (which pops the one row in flight) shifts the times by one
+    step (an independent review's find: traces differed, outputs did not)."""
+    trace = _same_as_step([
+        "seed=868", "engine.enable_chunked_prefill=true", "engine.max_num_batched_tokens=512",
+        "workload.num_requests=25", "workload.arrival.rate=50",
+        "workload.output_tokens={dist: lognormal, mean: 2, cv: 1.0, max: 60}",
+        "workload.prompt_tokens={dist: lognormal, mean: 500, cv: 1.0, max: 3000}",
+        "engine.num_gpu_blocks_override=60", "engine.max_model_len=928",
+        "engine.queue_policy=priority", "engine.enable_prefix_caching=false",
+        "engine.scheduler_reserve_full_isl=false"])
+    empty = [r for r in trace if not r["scheduled"]]
+    assert empty and all(r["preempted"] for r in empty)  # the case is exercised
+    assert [r["step"] for r in trace] == list(range(len(trace)))
+
+
 @pytest.mark.parametrize("overrides", [
     ["engine.max_num_batched_tokens=4", "engine.max_model_len=4", "engine.max_num_seqs=8",
      "workload.prompt_tokens={dist: constant, value: 1}",

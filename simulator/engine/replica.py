@@ -273,7 +273,11 @@ class Replica:
                 if nxt.shape.num_tokens:
                     inflight = (nxt, step_time(nxt.shape))
                 else:
-                    sched.commit(env.now)  # the empty step: nothing ran, nothing to apply
+                    done = sched.commit(env.now)  # the empty step: nothing ran, nothing to apply
+                    if self.trace is not None and nxt.preempted:
+                        # traced (it preempted, _schedule): its row is committed now, or every
+                        # later row would take the row before it
+                        self.trace.committed(done, sched.stats().kv.usage)
 
 
 def run_env(env: simpy.Environment) -> None:
