@@ -70,9 +70,10 @@ class DecodeRun:
     columns: dict | None = None
     gaps: np.ndarray | None = None
     gaps_per_step: np.ndarray | int | None = None
-    # a sync run that opens with a prompt step (Scheduler._prompt_then_run): (that step's record
-    # row, the admitted req_id); `starts` then begin at the decode steps' first start, and a run
-    # of the prompt step alone has no parts
+    # a sync run that opens with a prompt step (Scheduler._prompt_then_run): (its start, its
+    # duration, its Batch, the SchedulerStats after its commit), what the loop records and
+    # traces for it; `starts` then begin at the decode steps' first start, and a run of the
+    # prompt step alone has no parts
     prompt: tuple | None = None
 
 

@@ -23,7 +23,7 @@ import simpy
 
 from simulator.engine.advance import ArrivalClock, decode_run_fn
 from simulator.engine.costmodel import CostModel
-from simulator.engine.protocols import SchedulerInterface
+from simulator.engine.protocols import Batch, SchedulerInterface, SchedulerStats
 from simulator.engine.steptrace import StepTrace
 from simulator.metrics.recorder import MetricsRecorder
 from simulator.workload.generators import RequestArrays
@@ -171,10 +171,10 @@ class Replica:
         rows."""
         merged = run.columns is not None  # one block for the whole run (_decode_run_through)
         if run.prompt is not None:  # the run opened with a prompt step (_prompt_then_run)
-            row = run.prompt[0]
+            start, duration, batch, s = run.prompt
             if run.straddles and not run.parts:  # that step alone, during which one arrived
-                row = (*row[:9], self.scheduler.num_waiting(), *row[10:])
-            self.recorder.record_row(row, None)
+                s.num_waiting = self.scheduler.num_waiting()
+            self.recorder.record_row(_row(start, duration, batch, s), s.token_gaps)
         if run.straddles and run.parts:
             columns = run.columns if merged else run.parts[-1].columns
             k = len(columns["start_s"])
@@ -194,19 +194,11 @@ class Replica:
     def _record(self, start: float, duration: float, batch, finished: list[Request]) -> None:
         """After a commit: the ended requests, and the step's record (with the stats now)."""
         s = self.scheduler.stats()
-        kv = s.kv
         if self.trace is not None:
-            self.trace.committed(finished, kv.usage)
+            self.trace.committed(finished, s.kv.usage)
         for req in finished:
             self._ended(req)
-        shape = batch.shape
-        # (StepRecord's fields in order, as a row: no record object a step)
-        self.recorder.record_row((
-            start, duration, batch.num_seqs, shape.num_tokens, batch.num_prefill_tokens,
-            batch.num_decode_tokens, batch.num_preempted, batch.num_admitted, s.num_running,
-            s.num_waiting, kv.used_slots, kv.usage, s.kv_tokens_stored, shape.num_sampled,
-            kv.prefix_queries, kv.prefix_hits, kv.num_evictions, batch.swap_s,
-            kv.external_frag_slots), s.token_gaps)
+        self.recorder.record_row(_row(start, duration, batch, s), s.token_gaps)
         if self.on_iteration is not None:
             self.on_iteration()
 
@@ -278,6 +270,17 @@ class Replica:
                         # traced (it preempted, _schedule): its row is committed now, or every
                         # later row would take the row before it
                         self.trace.committed(done, sched.stats().kv.usage)
+
+
+def _row(start: float, duration: float, batch: Batch, s: SchedulerStats) -> tuple:
+    """A step's record as the recorder's row: StepRecord's fields in order, less the token gaps
+    (no record object a step), from what ran (`batch`) and the stats after its commit."""
+    shape, kv = batch.shape, s.kv
+    return (start, duration, batch.num_seqs, shape.num_tokens, batch.num_prefill_tokens,
+            batch.num_decode_tokens, batch.num_preempted, batch.num_admitted, s.num_running,
+            s.num_waiting, kv.used_slots, kv.usage, s.kv_tokens_stored, shape.num_sampled,
+            kv.prefix_queries, kv.prefix_hits, kv.num_evictions, batch.swap_s,
+            kv.external_frag_slots)
 
 
 def run_env(env: simpy.Environment) -> None:

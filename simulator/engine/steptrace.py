@@ -58,10 +58,11 @@ class StepTrace:
         starts = run.starts.tolist()
         pending = self._pending
         if run.prompt is not None:  # its prompt step (sync): the admitted request's whole prompt
-            row, req_id = run.prompt
-            self.rows.append({"step": len(self.rows), "t_s": row[0], "scheduled": [[req_id, row[3]]],
-                              "preempted": [], "admitted": [[req_id, 0]], "finished": [],
-                              "kv_usage": row[11]})
+            start, _, batch, stats = run.prompt
+            self.rows.append({"step": len(self.rows), "t_s": start,
+                              "scheduled": [[r, batch.num_prefill_tokens] for r, _ in batch.admitted],
+                              "preempted": [], "admitted": [[r, h] for r, h in batch.admitted],
+                              "finished": [], "kv_usage": stats.kv.usage})
         lag = int(run.pipelined)  # async: step j was scheduled when j-1 started
         j = 0
         scheduled: list = []

@@ -149,13 +149,9 @@ def _encode(values: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
     too many distinct values or the codes would not give back its exact bits (np.unique
     merges -0.0 with 0.0). np.unique over the runs of equal neighbours (a gauge holds its value
     over several steps), the runs' codes repeated: the same table and codes, ~1/3 the sort."""
-    n = len(values)
-    edge = np.empty(n, bool)
-    edge[:1] = True
-    np.not_equal(values[1:], values[:-1], out=edge[1:])
-    starts = edge.nonzero()[0]
+    starts, lengths = _equal_runs(values)
     table, run_codes = np.unique(values[starts], return_inverse=True)
-    codes = run_codes.repeat(np.diff(starts, append=n))
+    codes = run_codes.repeat(lengths)
     if len(table) > _MAX_CODES or not _same_bits(table[codes], values):
         return None, values
     return table, codes.astype(np.uint16)
@@ -180,17 +176,20 @@ def unique_counts(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     first: a step's gaps are mostly one value (the step's duration) and a decode run's repeat
     each step's, so the sort sees the runs' values (~1/20 of W2's gaps), not every gap.
     Same values and counts (a run's value is its first element: equal values are equal here)."""
+    starts, lengths = _equal_runs(a)
+    values, inverse = np.unique(a[starts], return_inverse=True)
+    # (counts as float64 sums of run lengths: exact below 2^53)
+    return values, np.bincount(inverse, weights=lengths, minlength=len(values)).astype(np.int64)
+
+
+def _equal_runs(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each run of equal neighbours of a 1-D array starts, and its length."""
     n = len(a)
-    if n < 2:
-        return np.unique(a, return_counts=True)
     edge = np.empty(n, bool)
-    edge[0] = True
+    edge[:1] = True
     np.not_equal(a[1:], a[:-1], out=edge[1:])
     starts = edge.nonzero()[0]
-    values, inverse = np.unique(a[starts], return_inverse=True)
-    runs = np.diff(starts, append=n)
-    # (counts as float64 sums of run lengths: exact below 2^53)
-    return values, np.bincount(inverse, weights=runs, minlength=len(values)).astype(np.int64)
+    return starts, np.diff(starts, append=n)
 
 
 def _missing_error(name: str, missing: int, total: int) -> ValueError:

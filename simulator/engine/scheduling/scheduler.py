@@ -828,9 +828,7 @@ class Scheduler:
             # a batch of decodes only (each one token to compute, the budget holding them
             # all) decodes again
             if (self.kv_holding or m > self.max_num_batched_tokens
-                    or (len(self.queue) and not self._head_waits(m))
-                    or _nnz(rb.tokens[:m] - rb.computed[:m] == 1) < m
-                    or _nnz(rb.num_out[:m]) < m):
+                    or (len(self.queue) and not self._head_waits(m)) or not self._all_decodes(m)):
                 return None
         room = kv.decode_room()
         if room is None:
@@ -915,8 +913,7 @@ class Scheduler:
                 or req.output_tokens <= 1 or num_new > self.max_num_batched_tokens
                 or m >= self.max_num_seqs or m + 1 > self.max_num_batched_tokens
                 or self.kv_holding or self.watched_finishes
-                or self.delay_free_blocks
-                or (m and (_nnz(rb.tokens[:m] - rb.computed[:m] == 1) < m or _nnz(rb.num_out[:m]) < m))):
+                or self.delay_free_blocks or (m and not self._all_decodes(m))):
             return None
         # _summarise_prompts' shape of one prompt with nothing computed (n = t, c = 0)
         shape = StepShape(num_new, 1, float(num_new * num_new + num_new) / 2.0, num_new, 1, num_new, -1)
@@ -924,7 +921,8 @@ class Scheduler:
         end = now + duration  # (SimPy's env.now after the step's timeout)
         # an arrival during the step only joins the queue (one replica): the run is this step
         alone = not end < until_s
-        if (alone and not (straddle and end > until_s)) or exact_delay(now, end) is None:
+        delay = exact_delay(now, end)
+        if (alone and not (straddle and end > until_s)) or delay is None:
             return None
         kv = self.kv
         kv.now = now
@@ -943,23 +941,20 @@ class Scheduler:
         req.first_token_s = end
         self._gaps = None
         self._pure = self._quiet = False
-        # the record after commit (Replica._record's row: stats()' gauges)
-        k = kv.stats()
-        computed, capacity = rb.computed_and_capacity(m + 1)
-        row = (now, duration, 1, num_new, num_new, 0, 0, 1, m + 1, self.num_waiting(),
-               k.used_slots, k.usage, k.used_slots - (capacity - computed), 1, k.prefix_queries,
-               k.prefix_hits, k.num_evictions, None, k.external_frag_slots)
+        # what the loop records for the step: its Batch (_summarise_prompts') and the stats
+        # after its commit
+        batch = Batch(shape, 1, num_new, 0, 0, 1, None, [], self._admitted)
+        stats = self.stats()
         run = None if alone else self._decode_run_through(now, until_s, run_times, max_steps,
-                                                          straddle, kv.decode_room(), start=end)
+                                                          straddle, kv.decode_room(), end, stats.kv)
         if run is None:  # the prompt step alone
-            run = DecodeRun(exact_delay(now, end), np.array([now, end]), [], straddles=alone)
-            kv.now = now
-        run.prompt = (row, req.req_id)
+            run = DecodeRun(delay, np.array([now, end]), [], straddles=alone)
+        run.prompt = (now, duration, batch, stats)
         return run
 
     def _decode_run_through(self, now: float, until_s: float, run_times: Callable[..., np.ndarray],
-                            max_steps: int, straddle: bool, room: int, start: float | None = None
-                            ) -> DecodeRun | None:
+                            max_steps: int, straddle: bool, room: int, start: float | None = None,
+                            stats0: KVStats | None = None) -> DecodeRun | None:
         """decode_run (sync) where the run goes on past every finish (`_runs_past_finish`) and the
         blocks a finish frees are room like any other (the KV manager's `decode_run_frees`):
         the run's segments (the steps between two finishing steps) found and applied in one
@@ -982,13 +977,15 @@ class Scheduler:
            tokens used - (capacity - computed) (used - capacity is the same on every step: a
            block taken adds bs to both, a finish takes its blocks from both).
         `start`: the first step's start when the run began earlier (`_prompt_then_run`: after
-        its prompt step; `now` is the run's start, what its SimPy delay counts from)."""
+        its prompt step; `now` is the run's start, what its SimPy delay counts from);
+        `stats0`: the KV stats now, where the caller has them."""
         rb = self.running
         kv = self.kv
         m0 = rb.m
         bs = kv.block_size
         free0 = room
-        stats0 = kv.stats()
+        if stats0 is None:
+            stats0 = kv.stats()
         used0 = stats0.used_slots
         left = rb.target_out[:m0] - rb.num_out[:m0]  # L: steps each request still decodes (>= 1)
         left_list = left.tolist()
@@ -1001,13 +998,8 @@ class Scheduler:
         horizon = min(ends[-1], max_steps, self._steps_before(t, until_s, run_times))
         c = rb.computed[:m0]
         cap = rb.capacity[:m0]
-        # 1. request i takes a block at steps j0_i + q bs < min(L_i, horizon) (_decode_block_events)
-        steps = (cap - c) + self._layer_steps(-(-horizon // bs))
-        key = steps * m0
-        key += self._slots[:m0]
-        key = key[steps < np.minimum(left, horizon)]
-        key.sort()
-        ev_j, ev_i = np.divmod(key, m0)
+        # 1. request i takes a block at steps j0_i + q bs < min(L_i, horizon), no room cut here
+        _, ev_i, ev_j = self._decode_block_events(horizon, None, np.minimum(left, horizon))
         freed_at: dict[int, int] = {}  # L -> the blocks its finishing step frees (made when needed)
 
         def freed(n: int) -> int:
@@ -1175,6 +1167,12 @@ class Scheduler:
         if not floor > 0.0:
             return 1 << 30
         return max(int((until_s - t) / floor), 0) + 2
+
+    def _all_decodes(self, m: int) -> bool:
+        """Every one of the m running requests is a decode: one token to compute, an output
+        made (no prompt left)."""
+        rb = self.running
+        return _nnz(rb.tokens[:m] - rb.computed[:m] == 1) == m and _nnz(rb.num_out[:m]) == m
 
     def _head_waits(self, m: int) -> bool:
         """Whether the next step's admission (step 3 of `schedule`, or the prompts of
@@ -1447,12 +1445,12 @@ class Scheduler:
             return None
         return k, delay, straddled
 
-    def _decode_block_events(self, k: int, room: int, horizon: np.ndarray | None = None
+    def _decode_block_events(self, k: int, room: int | None, horizon: np.ndarray | None = None
                              ) -> tuple[int, np.ndarray, np.ndarray] | None:
         """decode_run's step 3: the blocks k decode steps take, in the loop's order (step, then
         running order) as (request slot, step) pairs; k cut before the step whose block the free
-        queue (`room` blocks) cannot give. `horizon`: request i is scheduled in steps
-        0..horizon[i] - 1 only (default k). None: not even one step."""
+        queue (`room` blocks; None: no cut, the caller checks) cannot give. `horizon`: request
+        i is scheduled in steps 0..horizon[i] - 1 only (default k). None: not even one step."""
         rb = self.running
         m = rb.m
         bs = self.kv.block_size
@@ -1473,7 +1471,7 @@ class Scheduler:
             return k, _NO_EVENTS, _NO_EVENTS
         key.sort()
         ev_j, ev_i = np.divmod(key, m)
-        if len(key) > room:
+        if room is not None and len(key) > room:
             k = int(ev_j[room])
             if k < 1:
                 return None
@@ -1543,7 +1541,7 @@ class Scheduler:
             "start_s": starts, "duration_s": durations, "num_seqs": seqs,
             "num_tokens": seqs, "prefill_tokens": _ZERO, "decode_tokens": seqs,
             "num_preempted": _ZERO, "num_admitted": _ZERO, "num_running": running,
-            "num_waiting": np.int64(len(self.queue) + len(self.kv_holding)), "kv_used_slots": used,
+            "num_waiting": np.int64(self.num_waiting()), "kv_used_slots": used,
             "kv_usage": usage, "kv_tokens_stored": stored, "num_sampled": seqs,
             "prefix_queries_total": const(stats.prefix_queries),
             "prefix_hits_total": const(stats.prefix_hits),
@@ -1561,7 +1559,7 @@ class Scheduler:
         computed, capacity = rb.computed_and_capacity(m)
         stored = kv.used_slots - (capacity - computed)
         swap = None if self.swap is None else self.swap.stats()
-        return SchedulerStats(m, len(self.queue) + len(self.kv_holding), stored, kv,
+        return SchedulerStats(m, self.num_waiting(), stored, kv,
                               self.num_preemptions, self._gaps, swap,
                               None if self.offload is None else self.offload.stats)
 
