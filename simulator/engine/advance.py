@@ -43,10 +43,13 @@ class RunPart:
     """Consecutive steps of a decode run over the same running batch; its last step may finish
     requests (the batch is one smaller, or more, for the next part)."""
 
-    columns: dict  # MetricsRecorder.record_many columns (k values, a numpy scalar, or None)
-    gaps: np.ndarray  # the steps' token gaps, in step order (len(reqs) a step)
-    reqs: list  # the running batch (Requests) in running order: each samples one token a step
+    # (a run made in one pass, DecodeRun.columns: None, None, None and its steps; the run's
+    # columns and first batch hold them)
+    columns: dict | None  # MetricsRecorder.record_many columns (k values, a numpy scalar, or None)
+    gaps: np.ndarray | None  # the steps' token gaps, in step order (len(reqs) a step)
+    reqs: list | None  # the running batch (Requests) in running order: each samples one token a step
     finished: list  # the requests its last step finished, in commit order (empty: none)
+    steps: int = 0  # how many steps (a run made in one pass; else len(columns["start_s"]))
 
 
 @dataclass(slots=True)
@@ -65,11 +68,13 @@ class DecodeRun:
     # count is the queue as the run's end finds it
     straddles: bool = False
     # a run made in one pass through its finishes (Scheduler._decode_run_through): the k records
-    # as one block of columns (then the parts' columns hold only kv_usage, for the trace), its
-    # token gaps and how many each step has (None: each part records its own columns)
+    # as one block of columns (the parts hold only their steps and finishes), its token gaps,
+    # how many each step has (None: each part records its own columns) and the running batch
+    # at its first decode step (a part's batch is it less those finished before the part)
     columns: dict | None = None
     gaps: np.ndarray | None = None
     gaps_per_step: np.ndarray | int | None = None
+    reqs: list | None = None
     # a sync run that opens with a prompt step (Scheduler._prompt_then_run): (its start, its
     # duration, its Batch, the SchedulerStats after its commit), what the loop records and
     # traces for it; `starts` then begin at the decode steps' first start, and a run of the

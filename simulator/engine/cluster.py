@@ -73,8 +73,11 @@ class Cluster:
         self.req_to_replica: dict[int, int] = {}
         self._pending: list[list[Request]] = [[] for _ in range(n)]  # routed, not yet scheduled
         self._prune_at = [64] * n  # NOTE: pruned when it doubles: memory bounded by the live ones
-        for rep in replicas:  # the replicas exist first: each tells the cluster who leaves
-            rep.on_request_end = self.request_ended
+        # the per-replica loads are the routers' (one replica: no router runs, only the counts)
+        self._loads = n > 1
+        if self._loads:
+            for rep in replicas:  # the replicas exist first: each tells the cluster who leaves
+                rep.on_request_end = self.request_ended
 
     def kv(self, i: int) -> KVCacheView:
         return self.replicas[i].kv
@@ -89,6 +92,8 @@ class Cluster:
         return live
 
     def request_ended(self, req: Request) -> None:
+        if not self._loads:
+            return
         i = self.req_to_replica.pop(req.req_id)  # its last use: the map holds live requests only
         self.outstanding[i] -= 1
         self.outstanding_tokens[i] -= req.prompt_tokens + req.output_tokens
@@ -98,10 +103,14 @@ class Cluster:
         self.replicas[self.route(req)].submit(req)
 
     def route(self, req: Request) -> int:
-        """1. the router picks a replica (no choice with one); 2. book-keeping for the routers.
+        """1. the router picks a replica (no choice with one); 2. book-keeping for the routers
+        (with one replica only the counts: no router reads the loads).
         (P/D's decode pool routes when the prefill ends and submits when the KV has arrived.)"""
         self.num_arrived += 1
-        i = self.router.choose(req, self) if self.num_replicas > 1 else 0
+        if not self._loads:
+            self.routed[0] += 1
+            return 0
+        i = self.router.choose(req, self)
         self.req_to_replica[req.req_id] = i
         self.routed[i] += 1
         self.outstanding[i] += 1

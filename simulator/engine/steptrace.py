@@ -66,9 +66,20 @@ class StepTrace:
         lag = int(run.pipelined)  # async: step j was scheduled when j-1 started
         j = 0
         scheduled: list = []
+        merged = run.columns is not None  # one pass: the parts' batches and gauges from the run's
+        if merged:
+            reqs = run.reqs
+            usage_all = run.columns["kv_usage"].tolist()
         for part in run.parts:
-            scheduled = [[r.req_id, 1] for r in part.reqs]
-            usage = part.columns["kv_usage"].tolist()
+            if merged:
+                scheduled = [[r.req_id, 1] for r in reqs]
+                usage = usage_all[j:j + part.steps]
+                if part.finished:
+                    gone = set(map(id, part.finished))
+                    reqs = [r for r in reqs if id(r) not in gone]
+            else:
+                scheduled = [[r.req_id, 1] for r in part.reqs]
+                usage = part.columns["kv_usage"].tolist()
             last = len(usage) - 1
             for q, u in enumerate(usage):
                 row = pending.popleft() if pending else {

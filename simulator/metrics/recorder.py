@@ -469,6 +469,7 @@ class MetricsRecorder:
             else:
                 self._present = tuple(v is not None for v in blocks[0][2])
         chunk: dict[str, np.ndarray] = {}
+        made: list[tuple[tuple, np.ndarray]] = []  # (a column's block values, them in block order)
         total_steps = self.num_steps  # a chunk is sealed as soon as it is full, or at the end
         for idx, (field, name) in enumerate(zip(_NAMES, _TABLE)):
             kept = self._present[idx]
@@ -497,16 +498,23 @@ class MetricsRecorder:
                                      f"expected {'floats' if kind == 'f' else 'integers'}")
                 col[row_pos] = row_vals
             if blocks:
-                if np.ndarray not in types:
-                    col[block_pos] = np.repeat(np.asarray(vals), ks)
-                elif len(types) == 1:
-                    col[block_pos] = np.concatenate(vals)
-                else:  # scalar blocks repeated, then the array blocks laid over their steps
-                    is_arr = [type(v) is np.ndarray for v in vals]
-                    flat = np.repeat(np.asarray([0 if a else v for v, a in zip(vals, is_arr)], col.dtype), ks)
-                    flat[np.repeat(np.asarray(is_arr), ks)] = np.concatenate(
-                        [v for v, a in zip(vals, is_arr) if a])
-                    col[block_pos] = flat
+                # the blocks' values in block order; a column whose blocks hold the very same
+                # objects as an earlier one's (a run's num_seqs, num_tokens, decode_tokens and
+                # num_sampled are one array) takes its values from it
+                flat = next((f for v, f in made if f.dtype.kind == kind and all(map(operator.is_, v, vals))),
+                            None)
+                if flat is None:
+                    if np.ndarray not in types:
+                        flat = np.repeat(np.asarray(vals), ks)
+                    elif len(types) == 1:
+                        flat = np.concatenate(vals)
+                    else:  # scalar blocks repeated, then the array blocks laid over their steps
+                        is_arr = [type(v) is np.ndarray for v in vals]
+                        flat = np.repeat(np.asarray([0 if a else v for v, a in zip(vals, is_arr)], col.dtype), ks)
+                        flat[np.repeat(np.asarray(is_arr), ks)] = np.concatenate(
+                            [v for v, a in zip(vals, is_arr) if a])
+                    made.append((vals, flat))
+                col[block_pos] = flat
             if _IS_TOTAL[idx]:  # running totals -> per-step increments
                 last = col[-1]
                 col = np.diff(col, prepend=self._totals[idx])

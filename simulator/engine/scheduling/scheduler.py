@@ -1134,8 +1134,7 @@ class Scheduler:
                 slots = [i for i, n in enumerate(left_list) if n == end]
                 done = [self._finish_slot(i, t_end) for i in slots]
                 finished_slots += slots
-            parts.append(RunPart({"kv_usage": usage[a:b]}, None,
-                                 [r for r, n in zip(reqs, left_list) if n > a] if a else reqs, done))
+            parts.append(RunPart(None, None, None, done, b - a))
             lo = hi
             a = b
             if b == k:
@@ -1149,7 +1148,7 @@ class Scheduler:
         self._pure = True  # as the loop leaves it after the run's last step
         self._quiet = not parts[-1].finished
         return DecodeRun(delay, starts, parts, straddles=straddled, columns=columns, gaps=gaps,
-                         gaps_per_step=per_step)
+                         gaps_per_step=per_step, reqs=reqs)
 
     def _steps_before(self, t: float, until_s: float, run_times: Callable[..., np.ndarray]) -> int:
         """How many decode steps from `t` a run looks at: those that can end before `until_s`
