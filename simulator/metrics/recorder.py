@@ -510,7 +510,8 @@ class MetricsRecorder:
                         flat = np.concatenate(vals)
                     else:  # scalar blocks repeated, then the array blocks laid over their steps
                         is_arr = [type(v) is np.ndarray for v in vals]
-                        flat = np.repeat(np.asarray([0 if a else v for v, a in zip(vals, is_arr)], col.dtype), ks)
+                        scalars = [0 if a else v for v, a in zip(vals, is_arr)]
+                        flat = np.repeat(np.asarray(scalars, col.dtype), ks)
                         flat[np.repeat(np.asarray(is_arr), ks)] = np.concatenate(
                             [v for v, a in zip(vals, is_arr) if a])
                     made.append((vals, flat))

@@ -143,6 +143,10 @@ class Scheduler:
         # (nothing admitted, preempted, swapped or finished) and nothing arrived since
         self._pure = False  # the step just scheduled is a pure decode of every running request
         self._quiet = False  # ... and it committed with no finish and no arrival during it
+        # every running request is a decode (`_all_decodes`), known without looking: set by the
+        # sync runs (a run leaves only decodes), cleared by schedule() (the loop's steps); an
+        # arrival only joins the queue
+        self._decoding = False
         # (end, next arrival) of the last decode run when that arrival cut it: a run asked for at
         # that end with the same arrival ahead would find its first step ending past it, so it
         # is not tried (None is always exact: the loop is the reference; this saves run_times)
@@ -240,6 +244,7 @@ class Scheduler:
 
     # --- one step ------------------------------------------------------------------------
     def schedule(self, now: float) -> Batch:
+        self._decoding = False
         self.kv.now = now
         self.step_swap_s = 0.0
         self._admitted = []
@@ -828,7 +833,8 @@ class Scheduler:
             # a batch of decodes only (each one token to compute, the budget holding them
             # all) decodes again
             if (self.kv_holding or m > self.max_num_batched_tokens
-                    or (len(self.queue) and not self._head_waits(m)) or not self._all_decodes(m)):
+                    or (len(self.queue) and not self._head_waits(m))
+                    or not (self._decoding or self._all_decodes(m))):
                 return None
         room = kv.decode_room()
         if room is None:
@@ -885,7 +891,7 @@ class Scheduler:
                 break
         if not parts:
             return None
-        self._pure = True  # as the loop leaves it after the run's last step
+        self._pure = self._decoding = True  # as the loop leaves it after the run's last step
         self._quiet = not parts[-1].finished
         return DecodeRun(delay, self._run_starts(all_starts), parts, straddles=straddled)
 
@@ -913,7 +919,7 @@ class Scheduler:
                 or req.output_tokens <= 1 or num_new > self.max_num_batched_tokens
                 or m >= self.max_num_seqs or m + 1 > self.max_num_batched_tokens
                 or self.kv_holding or self.watched_finishes
-                or self.delay_free_blocks or (m and not self._all_decodes(m))):
+                or self.delay_free_blocks or (m and not (self._decoding or self._all_decodes(m)))):
             return None
         # _summarise_prompts' shape of one prompt with nothing computed (n = t, c = 0)
         shape = StepShape(num_new, 1, float(num_new * num_new + num_new) / 2.0, num_new, 1, num_new, -1)
@@ -950,6 +956,7 @@ class Scheduler:
         if run is None:  # the prompt step alone
             run = DecodeRun(delay, np.array([now, end]), [], straddles=alone)
         run.prompt = (now, duration, batch, stats)
+        self._decoding = True  # (the prompt step's request decodes next: it makes > 1 output)
         return run
 
     def _decode_run_through(self, now: float, until_s: float, run_times: Callable[..., np.ndarray],
@@ -1145,7 +1152,7 @@ class Scheduler:
         self._gaps = gaps[-(m0 if not fin else int(m_step[-1])):]
         self._admitted = []
         self.step_swap_s = 0.0
-        self._pure = True  # as the loop leaves it after the run's last step
+        self._pure = self._decoding = True  # as the loop leaves it after the run's last step
         self._quiet = not parts[-1].finished
         return DecodeRun(delay, starts, parts, straddles=straddled, columns=columns, gaps=gaps,
                          gaps_per_step=per_step, reqs=reqs)
