@@ -121,22 +121,22 @@ class _InlineThread:
 
 
 def test_row_groups_are_written_by_a_thread_one_at_a_time(tmp_path, monkeypatch):
-    """A long run's row groups are encoded and written by a thread (beside the simulation), one
-    at a time and in order: the file's bytes are those of writing each group inline; a write
-    that fails raises in the caller's thread, and again at every later call."""
+    """A long run's row groups are widened, encoded and written by a thread (beside the
+    simulation), one at a time and in order: the file's bytes are those of writing each group
+    inline; a write that fails raises in the caller's thread, and again at every later call."""
     monkeypatch.setattr(recorder_mod, "_CHUNK_ROWS", 7)
     monkeypatch.setattr(recorder_mod, "ROW_GROUP_ROWS", 10)
     threads, active, most = [], [0], [0]
     lock = threading.Lock()
     real = recorder_mod.IterationsWriter._write_table
 
-    def spy(self, table):
+    def spy(self, *args):
         with lock:
             active[0] += 1
             most[0] = max(most[0], active[0])
         threads.append(threading.current_thread().name)
         time.sleep(0.002)  # long enough for a second group to start, were it allowed to
-        real(self, table)
+        real(self, *args)
         with lock:
             active[0] -= 1
     monkeypatch.setattr(recorder_mod.IterationsWriter, "_write_table", spy)

@@ -47,7 +47,6 @@ from simulator.workload.request import Request
 
 if TYPE_CHECKING:
     import pandas as pd
-    import pyarrow as pa
 
 ITER_COLUMNS = ("start_s", "duration_s", "num_seqs", "num_tokens", "prefill_tokens",
                 "decode_tokens", "num_preempted", "num_admitted", "num_running", "num_waiting",
@@ -240,26 +239,28 @@ class IterationsWriter:
                 self._parts[0] = {c: v[need:] for c, v in part.items()}
                 need = 0
         self._rows -= n
-        columns = {c: _widen([t[c] for t in taken], np.float64 if c in _FLOATS else np.int64)
-                   for c in names}
-        if self._writer is None:
-            # NOTE: the schema Table.from_pandas gives these columns, made without pandas
-            self._schema = arrow_schema(columns)
-            self._writer = pq.ParquetWriter(self.path, self._schema, compression="snappy")
-        table = pa.Table.from_arrays([arrow_array(v, from_pandas=False) for v in columns.values()],
-                                     schema=self._schema)
-        del columns
         self._join_group()
-        # NOTE: encoded and compressed by a thread while the run goes on (pyarrow does it without
-        # the GIL: the second core); one group at a time, in order, so the file's bytes are the
-        # same, and its memory is bounded by the group in flight
-        self._group = threading.Thread(target=self._write_table, args=(table,),
+        # NOTE: widened, encoded and compressed by a thread while the run goes on (numpy's copies
+        # and pyarrow's encoding run without the GIL: the second core); one group at a time, in
+        # order, so the file's bytes are the same, and its memory is bounded by the group in flight
+        self._group = threading.Thread(target=self._write_table, args=(taken, names, pa, pq),
                                        name="iterations.parquet row group")
         self._group.start()
         self.num_rows += n
 
-    def _write_table(self, table: pa.Table) -> None:
+    def _write_table(self, taken: list[dict[str, np.ndarray]], names: list[str], pa, pq) -> None:
+        """The group's chunks as one table of the file's dtypes, written (the group's thread)."""
         try:
+            columns = {c: _widen([t[c] for t in taken], np.float64 if c in _FLOATS else np.int64)
+                       for c in names}
+            del taken[:]
+            if self._writer is None:
+                # NOTE: the schema Table.from_pandas gives these columns, made without pandas
+                self._schema = arrow_schema(columns)
+                self._writer = pq.ParquetWriter(self.path, self._schema, compression="snappy")
+            table = pa.Table.from_arrays([arrow_array(v, from_pandas=False) for v in columns.values()],
+                                         schema=self._schema)
+            del columns
             self._writer.write_table(table)
         except BaseException as e:  # noqa: BLE001 (raised by _join_group, in the caller's thread)
             self._failed = e
