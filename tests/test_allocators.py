@@ -121,7 +121,10 @@ def test_unhashed_pool_pops_and_frees_in_lru_order():
         if held and (rng.random() < 0.45 or ref.num_free_blocks == 0):
             blocks = held.pop(rng.randrange(len(held)))
             ref.free_blocks(blocks[::-1])
-            fast.free_blocks(blocks[::-1])
+            if rng.random() < 0.5:  # a request's table, in order (PagedAllocator.free)
+                fast.free_table(blocks)
+            else:
+                fast.free_blocks(blocks[::-1])
         else:
             n = rng.randint(0, ref.num_free_blocks)
             a, b = ref.get_new_blocks(n), fast.get_new_blocks(n)
@@ -132,9 +135,10 @@ def test_unhashed_pool_pops_and_frees_in_lru_order():
     for blocks in held:
         fast.free_blocks(blocks[::-1])
     assert fast.num_free_blocks == 40
-    try:
-        fast.free_blocks([1])
-    except AssertionError as e:
-        assert "freed twice" in str(e)
-    else:
-        raise AssertionError("a double free must raise")
+    for free in (fast.free_blocks, fast.free_table):
+        try:
+            free([1])
+        except AssertionError as e:
+            assert "freed twice" in str(e)
+        else:
+            raise AssertionError("a double free must raise")

@@ -120,6 +120,11 @@ class BlockPool:
         if first:
             self.free_queue.prepend(first)
 
+    def free_table(self, table: list[int]) -> None:
+        """A request's blocks released, its table given in order (first block first): the
+        tail first, as vLLM frees them (free_blocks of the table reversed)."""
+        self.free_blocks(table[::-1])
+
     @property
     def usage(self) -> float:
         return 1.0 - self.num_free_blocks / (self.num_blocks - 1)
@@ -214,6 +219,21 @@ class UnhashedBlockPool:
             raise AssertionError(f"block {int(b[self.ref_cnt[b] == 0][0])} freed twice")
         self.ref_cnt[b] = 0
         self.free_queue.prepend_many(b)
+
+    def free_table(self, table: list[int]) -> None:
+        """free_blocks(table[::-1]) (BlockPool.free_table): the table's last block becomes the
+        head, so the stack takes the table as it is (no reversal, either way)."""
+        n = len(table)
+        if not n:
+            return
+        b = np.fromiter(table, np.intp, n)
+        if _nnz(self.ref_cnt[b]) < n:
+            raise AssertionError(f"block {int(b[self.ref_cnt[b] == 0][0])} freed twice")
+        self.ref_cnt[b] = 0
+        fq = self.free_queue
+        top = fq._top
+        fq._stack[top:top + n] = b
+        fq._top = top + n
 
     @property
     def usage(self) -> float:

@@ -197,7 +197,7 @@ class PagedAllocator(PoolClock):
         self._num_cached.pop(req.req_id, None)
         self._pending_hits.pop(req.req_id, None)
         if blocks:
-            self.pool.free_blocks(blocks[::-1])
+            self.pool.free_table(blocks)
 
     # --- event-level advance (engine/advance.py) ------------------------------------------
     def decode_room(self) -> int | None:
