@@ -115,7 +115,7 @@ class PagedAllocator(PoolClock):
                 pool.touch(hits)
             new = pool.get_new_blocks(need) if need > 0 else []
             if blocks is None:
-                blocks = self.req_to_blocks[rid] = hits + new
+                blocks = self.req_to_blocks[rid] = hits + new if hits else new
                 self._num_cached[rid] = len(hits)
             else:
                 blocks.extend(new)
