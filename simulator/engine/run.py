@@ -171,8 +171,14 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *,
     if progress is not None:
         total = len(workload)
 
-        def tick() -> None:
-            progress(sum(r.num_ended for r in recorders), total)
+        if n == 1:  # (every step: no sum over one recorder)
+            only = recorders[0]
+
+            def tick() -> None:
+                progress(only.num_ended, total)
+        else:
+            def tick() -> None:
+                progress(sum(r.num_ended for r in recorders), total)
     env = simpy.Environment()
     clock = ArrivalClock() if config.engine.advance == "event" else None
     replicas = [Replica(env, sched, s.cost, rec, s.engine.max_model_len, on_iteration=tick,
