@@ -146,6 +146,32 @@ class DisaggClock:
         return min(ev[0] if ev else math.inf, self.arrivals.next_s)
 
 
+class _DecodeReplicaClock:
+    """DisaggClock as decode replica j of two or more sees it: its runs also end before the end
+    of the step (or run) each other decode replica is in. Another replica's step end may pull
+    a request into that replica, whose landing frees a prefill leg's blocks, whose prefill
+    step may then finish a leg that the decode router sends to j, all inside j's run; every
+    way in goes through such an end (an idle replica wakes only at events the shared clock
+    holds). `busy[i]`: the end of replica i's current step or run (`Replica.on_busy`)."""
+
+    def __init__(self, clock: DisaggClock, busy: list[float], j: int) -> None:
+        self.clock = clock
+        self.busy = busy
+        self.j = j
+
+    @property
+    def next_s(self) -> float:
+        t = self.clock.next_s
+        now = self.clock.env.now
+        for i, end in enumerate(self.busy):
+            if i != self.j and now <= end < t:
+                t = end
+        return t
+
+    def set_busy(self, end: float) -> None:
+        self.busy[self.j] = end
+
+
 class _PrefillCost:
     """A prefill replica's cost model that tells the DisaggClock when each step ends (a lower
     bound: swap time only adds). Every step, not only those that sample: the step after a
@@ -445,12 +471,16 @@ def build_disaggregated(config: SimConfig, workload: RequestArrays, *,
         cost = _PrefillCost(s.cost, env, clock) if pool == "prefill" else s.cost
         # NOTE: prefill legs never decode, so the prefill pool steps one by one (clock None)
         rep_clock = clock if (pool == "decode" and arrivals is not None) else None
+        busy = [-math.inf] * n  # (two or more decode replicas: each one's step end)
         replicas = []
-        for _ in range(n):
+        for j in range(n):
             sched = s.backend.build(s, workload, vectorized=vectorized)
-            replicas.append(Replica(env, sched, cost, MetricsRecorder(sched.kv.total_slots),
-                                    s.engine.max_model_len, on_iteration=on_iteration,
-                                    clock=rep_clock))
+            view = rep_clock if rep_clock is None or n == 1 else _DecodeReplicaClock(clock, busy, j)
+            rep = Replica(env, sched, cost, MetricsRecorder(sched.kv.total_slots),
+                          s.engine.max_model_len, on_iteration=on_iteration, clock=view)
+            if isinstance(view, _DecodeReplicaClock):
+                rep.on_busy = view.set_busy
+            replicas.append(rep)
         router = ROUTERS.build(s.cluster.router, s.params.router, f"cluster.{pool}.router_params",
                                RouterContext(n, config.engine.enable_prefix_caching,
                                              workload.prefix_block_tokens))

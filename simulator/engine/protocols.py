@@ -316,7 +316,8 @@ class SchedulerInterface(Protocol):
 
 
 class ClusterView(Protocol):
-    """What a router may read about the replicas behind it."""
+    """What a router may read about the replicas behind it. (A router runs only where there
+    are two or more replicas; with one, Cluster keeps no loads: these stay 0.)"""
 
     num_replicas: int
     outstanding: list[int]  # routed-but-unfinished requests per replica

@@ -60,6 +60,9 @@ class Replica:
         # nothing to run (a request preempted itself: retry; else sleep until `poke`/`submit`,
         # when a transfer frees or lands them), not a bug
         self.may_stall = False
+        # P/D decode replica beside others: told the end of each step or run it starts (the
+        # others' decode runs end before it: disagg._DecodeReplicaClock)
+        self.on_busy: Callable[[float], None] | None = None
         self._wake: simpy.Event | None = None
         self.process = env.process(self.run_async() if cost.async_scheduling else self.run())
 
@@ -132,6 +135,8 @@ class Replica:
                                        straddle=self.solo, step_time=step_time)
                 if run is not None:
                     self._run_ended(run)
+                    if self.on_busy is not None:
+                        self.on_busy(env.now + run.delay)
                     yield env.timeout(run.delay)
                     self._record_run(run)
                     continue
@@ -154,6 +159,8 @@ class Replica:
                     f"and {s.num_waiting} waiting ({s.kv.used_slots}/{self.kv.total_slots} KV "
                     f"slots used)")
             duration = step_time(shape) + (batch.swap_s or 0.0)
+            if self.on_busy is not None:
+                self.on_busy(start + duration)
             yield env.timeout(duration)
             finished = sched.commit(env.now)
             self._record(start, duration, batch, finished)
