@@ -475,10 +475,10 @@ def build_disaggregated(config: SimConfig, workload: RequestArrays, *,
         replicas = []
         for j in range(n):
             sched = s.backend.build(s, workload, vectorized=vectorized)
-            view = rep_clock if rep_clock is None or n == 1 else _DecodeReplicaClock(clock, busy, j)
+            view = _DecodeReplicaClock(clock, busy, j) if rep_clock is not None and n > 1 else None
             rep = Replica(env, sched, cost, MetricsRecorder(sched.kv.total_slots),
-                          s.engine.max_model_len, on_iteration=on_iteration, clock=view)
-            if isinstance(view, _DecodeReplicaClock):
+                          s.engine.max_model_len, on_iteration=on_iteration, clock=view or rep_clock)
+            if view is not None:
                 rep.on_busy = view.set_busy
             replicas.append(rep)
         router = ROUTERS.build(s.cluster.router, s.params.router, f"cluster.{pool}.router_params",

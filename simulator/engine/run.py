@@ -18,6 +18,7 @@ Same config + seed => byte-identical files: no wall clock and no global RNG reac
 from __future__ import annotations
 
 import json
+import operator
 import os
 import time
 from collections.abc import Callable
@@ -171,14 +172,10 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *,
     if progress is not None:
         total = len(workload)
 
-        if n == 1:  # (every step: no sum over one recorder)
-            only = recorders[0]
+        ended = operator.attrgetter("num_ended")
 
-            def tick() -> None:
-                progress(only.num_ended, total)
-        else:
-            def tick() -> None:
-                progress(sum(r.num_ended for r in recorders), total)
+        def tick() -> None:  # (every step: no generator)
+            progress(sum(map(ended, recorders)), total)
     env = simpy.Environment()
     clock = ArrivalClock() if config.engine.advance == "event" else None
     replicas = [Replica(env, sched, s.cost, rec, s.engine.max_model_len, on_iteration=tick,

@@ -222,9 +222,6 @@ class IterationsWriter:
             self._write_group(ROW_GROUP_ROWS)
 
     def _write_group(self, n: int) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         names = list(self._parts[0])
         taken: list[dict[str, np.ndarray]] = []
         need = n
@@ -243,13 +240,16 @@ class IterationsWriter:
         # NOTE: widened, encoded and compressed by a thread while the run goes on (numpy's copies
         # and pyarrow's encoding run without the GIL: the second core); one group at a time, in
         # order, so the file's bytes are the same, and its memory is bounded by the group in flight
-        self._group = threading.Thread(target=self._write_table, args=(taken, names, pa, pq),
+        self._group = threading.Thread(target=self._write_table, args=(taken, names),
                                        name="iterations.parquet row group")
         self._group.start()
         self.num_rows += n
 
-    def _write_table(self, taken: list[dict[str, np.ndarray]], names: list[str], pa, pq) -> None:
+    def _write_table(self, taken: list[dict[str, np.ndarray]], names: list[str]) -> None:
         """The group's chunks as one table of the file's dtypes, written (the group's thread)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
         try:
             columns = {c: _widen([t[c] for t in taken], np.float64 if c in _FLOATS else np.int64)
                        for c in names}

@@ -671,16 +671,26 @@ class Scheduler:
         m = len(rb.reqs)
         cols = rb.cols
         reqs = rb.reqs
-        at = slice(first, m)
-        cols[COMPUTED, at] += cols[N, at]
-        cols[TOKENS:NUM_OUT + 1, at] += 1
-        cols[N, at] = 0
-        rb.last_token[at] = now
-        for req in reqs[first:]:
-            req.first_token_s = now
         self._gaps = None
-        done = [i for i, target in enumerate(cols[TARGET_OUT, at].tolist(), first) if target <= 1]
         self._quiet = False
+        if first == m - 1:  # one prompt (light load: most admissions): item writes, not slices
+            n = rb.n.item(first)
+            rb.computed[first] += n
+            rb.tokens[first] += 1
+            rb.num_out[first] += 1
+            rb.n[first] = 0
+            rb.last_token[first] = now
+            reqs[first].first_token_s = now
+            done = [first] if rb.target_out.item(first) <= 1 else []
+        else:
+            at = slice(first, m)
+            cols[COMPUTED, at] += cols[N, at]
+            cols[TOKENS:NUM_OUT + 1, at] += 1
+            cols[N, at] = 0
+            rb.last_token[at] = now
+            for req in reqs[first:]:
+                req.first_token_s = now
+            done = [i for i, target in enumerate(cols[TARGET_OUT, at].tolist(), first) if target <= 1]
         return self._finish_slots(done, now, not self.delay_free_blocks) if done else []
 
     def _commit_async(self, now: float) -> list[Request]:
@@ -940,13 +950,9 @@ class Scheduler:
         self._admitted = []
         self.queue.pop()
         slot = self.admit(req, 0, cap, now)
-        rb.computed[slot] = num_new
-        rb.tokens[slot] += 1
-        rb.num_out[slot] += 1
-        rb.last_token[slot] = end
-        req.first_token_s = end
-        self._gaps = None
-        self._pure = self._quiet = False
+        rb.n[slot] = num_new
+        self._commit_prompts(slot, end)  # (it makes > 1 output: nobody finishes)
+        self._pure = False
         # what the loop records for the step: its Batch (_summarise_prompts') and the stats
         # after its commit
         batch = Batch(shape, 1, num_new, 0, 0, 1, None, [], self._admitted)
