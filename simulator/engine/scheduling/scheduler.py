@@ -1026,7 +1026,7 @@ class Scheduler:
         cap_sum = sum(cap.tolist())
         # 2. segment by segment: m_s = #(L > a), C_s = their computed (in L order: m0 is small)
         by_left = sorted(zip(left_list, c_list))
-        c_left = sum(c_list)
+        c_total = c_left = sum(c_list)
         a = lo = pos = 0  # the segment's first step, the events and finishers before it
         pieces: list[np.ndarray] = []
         durs: list[np.ndarray] = []
@@ -1088,21 +1088,23 @@ class Scheduler:
         if not fin:  # the same m0 on every step (one value for the k steps)
             m_step = m_after = np.int64(m0)
             per_step: np.ndarray | int = m0
-            first = base + sum(c_list) + m0
+            first = base + c_total + m0
             stored = np.arange(first, first + m0 * k, m0, dtype=np.int64)
         else:
             # after each finishing step f = n - 1 (through the next one): those with L > n run,
             # their computed summed, the blocks freed so far: constant pieces of the k steps
             lens = [fin[0] - 1] + [b - a for a, b in zip(fin, fin[1:])] + [k - fin[-1] + 1]
-            m_vals, c_vals, f_vals = [m0], [sum(c_list)], [0]
+            c_run = c_total  # the computed of those left (exact integers)
+            m_vals, c_vals, f_vals = [m0], [c_run], [0]
             q = 0
             for n in fin:
                 while by_left[q][0] <= n:  # (q < m0: the last end is finished only at n)
+                    c_run -= by_left[q][1]
                     q += 1
                     if q == m0:
                         break
                 m_vals.append(m0 - q)
-                c_vals.append(sum(cc for _, cc in by_left[q:]))
+                c_vals.append(c_run)
                 f_vals.append(f_vals[-1] + freed(n))
             counts = np.array(lens, np.int64)
             m_after = np.repeat(np.array(m_vals, np.int64), counts)
