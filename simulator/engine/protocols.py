@@ -216,9 +216,13 @@ class KVCacheManager(KVCacheView, Protocol):
         effects (True where the manager cannot tell): a decode run's `_head_waits`."""
         ...
 
-    def take_decode_blocks(self, req_ids: list[int], times: np.ndarray) -> None:
+    # whether take_decode_blocks reads its `times` (False: a run passes None, not finding them;
+    # optional, a manager without it is given them)
+    decode_stamps: bool
+
+    def take_decode_blocks(self, req_ids: list[int], times: np.ndarray | None) -> None:
         """One new block per entry (a request id), popped in order, stamped with its step's
-        start time (`times`, one per entry)."""
+        start time (`times`, one per entry; None where `decode_stamps` is False)."""
         ...
 
     def decode_gauges(self, taken: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

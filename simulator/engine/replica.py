@@ -185,7 +185,8 @@ class Replica:
         if run.straddles and run.parts:
             columns = run.columns if merged else run.parts[-1].columns
             k = len(columns["start_s"])
-            waiting = np.full(k, columns["num_waiting"])
+            waiting = np.empty(k, np.int64)  # (np.full is a Python wrapper: every run)
+            waiting.fill(columns["num_waiting"])
             waiting[-1] = self.scheduler.num_waiting()
             columns["num_waiting"] = waiting
         if merged:

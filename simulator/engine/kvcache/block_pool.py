@@ -88,6 +88,8 @@ class BlockPool:
             out.append(b)
         return out
 
+    keeps_access_times = True  # (stamp_access sets them: the eviction policy reads them)
+
     def stamp_access(self, block_ids: list[int], times: np.ndarray) -> None:
         """Set each block's last access time (blocks taken by a decode run, at their step)."""
         last = self.last_access_s
@@ -205,6 +207,8 @@ class UnhashedBlockPool:
         out = taken.tolist()
         out.reverse()
         return out
+
+    keeps_access_times = False  # (a decode run need not find its blocks' times)
 
     def stamp_access(self, block_ids: list[int], times: np.ndarray) -> None:
         """No policy reads access times here (BlockPool keeps them)."""

@@ -119,7 +119,9 @@ class ContiguousAllocator:
         """Whether allocate_slots could reserve a waiting request's region now (first fit)."""
         return req.req_id in self.req_to_region or self.max_request_slots(req) <= self.largest_hole
 
-    def take_decode_blocks(self, req_ids: list[int], times: np.ndarray) -> None:
+    decode_stamps = False  # (take_decode_blocks takes nothing)
+
+    def take_decode_blocks(self, req_ids: list[int], times: np.ndarray | None) -> None:
         if req_ids:
             raise AssertionError("contiguous reservations give decode runs no room to take")
 

@@ -269,6 +269,8 @@ class HybridAllocator(PoolClock):
     def admission_fits(self, req: Request, num_new_tokens: int, full_sequence_must_fit: bool) -> bool:
         return True  # not asked: no decode runs here
 
+    decode_stamps = False  # (decode_room is None: never read)
+
     def take_decode_blocks(self, req_ids: list[int], times: Any) -> None:
         raise AssertionError("hybrid KV: decode runs are not taken in one pass")
 

@@ -217,15 +217,22 @@ class PagedAllocator(PoolClock):
             return False
         return -(-num_new_tokens // bs) <= free
 
-    def take_decode_blocks(self, req_ids: list[int], times: np.ndarray) -> None:
+    def take_decode_blocks(self, req_ids: list[int], times: np.ndarray | None) -> None:
         """One new block for each entry (a request id), popped in order (as
-        allocate_slots_many pops them step after step), stamped with its step's start time."""
+        allocate_slots_many pops them step after step), stamped with its step's start time
+        (`times`: None where the pool keeps no access times, `decode_stamps`)."""
         pool = self.pool
         new = pool.get_new_blocks(len(req_ids))
         tables = self.req_to_blocks
         for rid, b in zip(req_ids, new):
             tables[rid].append(b)
-        pool.stamp_access(new, times)
+        if times is not None:
+            pool.stamp_access(new, times)
+
+    @property
+    def decode_stamps(self) -> bool:
+        """Whether take_decode_blocks reads its `times` (the pool keeps access times)."""
+        return self.pool.keeps_access_times
 
     def decode_gauges(self, taken: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(used_slots, usage) after each step of a run, `taken` blocks into it (cumulative),

@@ -108,6 +108,8 @@ class Scheduler:
                  vectorized: bool = True, window_tokens: int = 0,
                  offload: OffloadConnector | None = None, async_scheduling: bool = False) -> None:
         self.kv = kv
+        # whether a decode run hands the KV manager its blocks' step times (optional: default yes)
+        self._decode_stamps = getattr(kv, "decode_stamps", True)
         self.window_tokens = window_tokens  # > 0: sliding window, for StepShape.window_kv_tokens
         self.queue = queue
         self.batching = batching
@@ -1032,6 +1034,7 @@ class Scheduler:
         durs: list[np.ndarray] = []
         k = 0
         cut: tuple[int, float, bool] | None = None
+        his: list[int] = []  # the events before each segment's end the run went on past
         for end in ends:
             b = min(end, horizon)
             hi = int(ev_j.searchsorted(b))
@@ -1050,7 +1053,8 @@ class Scheduler:
             pieces.append(piece)
             durs.append(durations)
             if piece[-1] >= until_s:  # the next arrival comes during this segment: the last
-                cut = self._cut_summed(now, until_s, self._run_starts(pieces), b,
+                pieces = [self._run_starts(pieces)]  # (summed once: the run's starts)
+                cut = self._cut_summed(now, until_s, pieces[0], b,
                                        ((b - 1) if b == end else b) if straddle else 0)
                 k = 0 if cut is None else cut[0]
                 break
@@ -1059,6 +1063,7 @@ class Scheduler:
                 break
             t = float(piece[-1])
             room -= hi - lo
+            his.append(hi)
             while pos < m0 and by_left[pos][0] == end:  # its finishers leave, their blocks free
                 c_left -= by_left[pos][1]
                 pos += 1
@@ -1127,7 +1132,7 @@ class Scheduler:
         # then the blocks popped segment by segment, each finishing step's frees after its pops
         ran = np.minimum(left, k)
         rids = rb.ids[ev_i].tolist()
-        times = starts[ev_j]
+        times = starts[ev_j] if self._decode_stamps else None
         if n_ev:
             rb.capacity[:m0] += bs * np.bincount(ev_i, minlength=m0)
         rb.computed[:m0] += ran
@@ -1137,11 +1142,11 @@ class Scheduler:
         parts: list[RunPart] = []
         finished_slots: list[int] = []
         lo = a = 0
-        for end in ends:
+        for s_i, end in enumerate(ends):
             b = min(end, k)
-            hi = int(ev_j.searchsorted(b)) if b < k else n_ev
+            hi = his[s_i] if s_i < len(his) else n_ev  # (the segments before the last end at theirs)
             if hi > lo:
-                kv.take_decode_blocks(rids[lo:hi], times[lo:hi])
+                kv.take_decode_blocks(rids[lo:hi], None if times is None else times[lo:hi])
             done: list[Request] = []
             if b == end:  # its last step finishes those with L == end, in slot order (commit's)
                 kv.now = float(starts[b - 1])
@@ -1520,7 +1525,7 @@ class Scheduler:
             stats = kv.stats()
         if n_ev:
             ev_i, ev_j = ev_i[:n_ev], ev_j[:n_ev]
-            kv.take_decode_blocks(rb.ids[ev_i].tolist(), starts[ev_j])
+            kv.take_decode_blocks(rb.ids[ev_i].tolist(), starts[ev_j] if self._decode_stamps else None)
             taken = ev_j.searchsorted(np.arange(k), side="right")  # blocks taken through each step
             rb.capacity[:m] += bs * np.bincount(ev_i, minlength=m)
         else:
