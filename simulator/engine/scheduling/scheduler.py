@@ -1111,14 +1111,14 @@ class Scheduler:
                 m_vals.append(m0 - q)
                 c_vals.append(c_run)
                 f_vals.append(f_vals[-1] + freed(n))
-            counts = np.array(lens, np.int64)
-            m_after = np.repeat(np.array(m_vals, np.int64), counts)
+            # (the three piecewise-constant columns, repeated in one call)
+            m_after, c_after, f_after = np.array((m_vals, c_vals, f_vals), np.int64).repeat(lens, axis=1)
             m_step = np.empty(k, np.int64)  # #(L > j) = those left after step j - 1
             m_step[0] = m0
             m_step[1:] = m_after[:-1]
             per_step = m_step
-            stored = base + np.repeat(np.array(c_vals, np.int64), counts) + j1 * m_after
-            free += np.repeat(np.array(f_vals, np.int64), counts)  # plus the blocks freed so far
+            stored = base + c_after + j1 * m_after
+            free += f_after  # plus the blocks freed so far
         used, usage = kv.free_gauges(free)
         first_gaps = starts[1] - rb.last_token[:m0]
         if k > 1:  # step 0: each one's gap since its last token; then the step's duration, m_j times
