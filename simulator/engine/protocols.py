@@ -216,8 +216,7 @@ class KVCacheManager(KVCacheView, Protocol):
         effects (True where the manager cannot tell): a decode run's `_head_waits`."""
         ...
 
-    # whether take_decode_blocks reads its `times` (False: a run passes None, not finding them;
-    # optional, a manager without it is given them)
+    # whether take_decode_blocks reads its `times` (False: a run passes None, not finding them)
     decode_stamps: bool
 
     def take_decode_blocks(self, req_ids: list[int], times: np.ndarray | None) -> None:

@@ -57,6 +57,7 @@ class ToyBump:
         raise AssertionError("not used when decode_room() is None")
 
     decode_run_frees = False  # (decode_room is None: never read)
+    decode_stamps = False  # (decode_room is None: never read)
 
     def free_gauges(self, free):
         raise AssertionError("not used when decode_room() is None")

@@ -42,6 +42,8 @@ class PagedAllocator(PoolClock):
         self.block_size = block_size
         # without prefix caching no block is hashed: an array-backed pool (same ids, same order)
         self.pool = make_block_pool(num_blocks, eviction, eviction_params, enable_prefix_caching)
+        # whether take_decode_blocks reads its step times (the pool keeps access times)
+        self.decode_stamps = self.pool.keeps_access_times
         self.total_slots = (num_blocks - 1) * block_size
         self.req_to_blocks: dict[int, list[int]] = {}
         self.enable_prefix_caching = enable_prefix_caching
@@ -228,11 +230,6 @@ class PagedAllocator(PoolClock):
             tables[rid].append(b)
         if times is not None:
             pool.stamp_access(new, times)
-
-    @property
-    def decode_stamps(self) -> bool:
-        """Whether take_decode_blocks reads its `times` (the pool keeps access times)."""
-        return self.pool.keeps_access_times
 
     def decode_gauges(self, taken: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(used_slots, usage) after each step of a run, `taken` blocks into it (cumulative),

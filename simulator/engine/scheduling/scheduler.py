@@ -108,8 +108,6 @@ class Scheduler:
                  vectorized: bool = True, window_tokens: int = 0,
                  offload: OffloadConnector | None = None, async_scheduling: bool = False) -> None:
         self.kv = kv
-        # whether a decode run hands the KV manager its blocks' step times (optional: default yes)
-        self._decode_stamps = getattr(kv, "decode_stamps", True)
         self.window_tokens = window_tokens  # > 0: sliding window, for StepShape.window_kv_tokens
         self.queue = queue
         self.batching = batching
@@ -1132,7 +1130,7 @@ class Scheduler:
         # then the blocks popped segment by segment, each finishing step's frees after its pops
         ran = np.minimum(left, k)
         rids = rb.ids[ev_i].tolist()
-        times = starts[ev_j] if self._decode_stamps else None
+        times = starts[ev_j] if kv.decode_stamps else None
         if n_ev:
             rb.capacity[:m0] += bs * np.bincount(ev_i, minlength=m0)
         rb.computed[:m0] += ran
@@ -1525,7 +1523,7 @@ class Scheduler:
             stats = kv.stats()
         if n_ev:
             ev_i, ev_j = ev_i[:n_ev], ev_j[:n_ev]
-            kv.take_decode_blocks(rb.ids[ev_i].tolist(), starts[ev_j] if self._decode_stamps else None)
+            kv.take_decode_blocks(rb.ids[ev_i].tolist(), starts[ev_j] if kv.decode_stamps else None)
             taken = ev_j.searchsorted(np.arange(k), side="right")  # blocks taken through each step
             rb.capacity[:m] += bs * np.bincount(ev_i, minlength=m)
         else:
