@@ -1552,19 +1552,20 @@ class Scheduler:
         token each, all sampled) in each step, `running` are left after it (k values, or one
         numpy scalar for the k steps); the KV manager's running totals as they are (`stats`:
         nothing in a run changes them)."""
-        def const(value: int | None) -> np.generic | None:
-            return None if value is None else np.asarray(value)[()]
+        # (a total the manager does not keep is None: not kept, else one numpy scalar for the k)
+        queries, hits = stats.prefix_queries, stats.prefix_hits
+        evictions, frag = stats.num_evictions, stats.external_frag_slots
         return {
             "start_s": starts, "duration_s": durations, "num_seqs": seqs,
             "num_tokens": seqs, "prefill_tokens": _ZERO, "decode_tokens": seqs,
             "num_preempted": _ZERO, "num_admitted": _ZERO, "num_running": running,
             "num_waiting": np.int64(self.num_waiting()), "kv_used_slots": used,
             "kv_usage": usage, "kv_tokens_stored": stored, "num_sampled": seqs,
-            "prefix_queries_total": const(stats.prefix_queries),
-            "prefix_hits_total": const(stats.prefix_hits),
-            "evictions_total": const(stats.num_evictions),
+            "prefix_queries_total": None if queries is None else np.asarray(queries)[()],
+            "prefix_hits_total": None if hits is None else np.asarray(hits)[()],
+            "evictions_total": None if evictions is None else np.asarray(evictions)[()],
             "swap_s": None if self.swap is None else _ZERO_S,
-            "kv_external_frag_slots": const(stats.external_frag_slots)}
+            "kv_external_frag_slots": None if frag is None else np.asarray(frag)[()]}
 
     def stats(self) -> SchedulerStats:
         rb = self.running
