@@ -116,29 +116,83 @@ def test_unhashed_pool_pops_and_frees_in_lru_order():
     from simulator.engine.kvcache.block_pool import BlockPool, UnhashedBlockPool
     rng = random.Random(7)
     ref, fast = BlockPool(41, "lru"), UnhashedBlockPool(41)
-    held: list[list[int]] = []
-    for _ in range(400):
-        if held and (rng.random() < 0.45 or ref.num_free_blocks == 0):
-            blocks = held.pop(rng.randrange(len(held)))
+    held: list[tuple[list[int], object]] = []  # (a table, the array it began as or None)
+    for _ in range(600):
+        r = rng.random()
+        if held and (r < 0.4 or ref.num_free_blocks == 0):
+            blocks, head = held.pop(rng.randrange(len(held)))
             ref.free_blocks(blocks[::-1])
-            if rng.random() < 0.5:  # a request's table, in order (PagedAllocator.free)
-                fast.free_table(blocks)
+            if head is not None or rng.random() < 0.5:  # a request's table (PagedAllocator.free)
+                fast.free_table(blocks, head)
             else:
                 fast.free_blocks(blocks[::-1])
-        else:
+        elif held and r < 0.6:  # a table grows at its end (decoding, later chunks)
+            blocks = held[rng.randrange(len(held))][0]
             n = rng.randint(0, ref.num_free_blocks)
             a, b = ref.get_new_blocks(n), fast.get_new_blocks(n)
             assert a == b
-            held.append(a)
+            blocks += a
+        else:
+            n = rng.randint(0, ref.num_free_blocks)
+            a = ref.get_new_blocks(n)
+            if rng.random() < 0.5:  # a new table with its array (get_new_table)
+                b, head = fast.get_new_table(n)
+                assert head.tolist() == b
+            else:
+                b, head = fast.get_new_blocks(n), None
+            assert a == b
+            held.append((a, head))
         assert ref.free_queue.order() == fast.free_queue.order()
         assert list(ref.ref_cnt) == fast.ref_cnt.tolist()
-    for blocks in held:
+    for blocks, _ in held:
         fast.free_blocks(blocks[::-1])
     assert fast.num_free_blocks == 40
-    for free in (fast.free_blocks, fast.free_table):
+    table, head = fast.get_new_table(3)
+    fast.free_table(table, head)
+    for free in (fast.free_blocks, fast.free_table, lambda t: fast.free_table(table, head)):
         try:
             free([1])
         except AssertionError as e:
             assert "freed twice" in str(e)
         else:
             raise AssertionError("a double free must raise")
+
+
+def test_paged_tables_kept_as_arrays_free_as_their_lists(monkeypatch):
+    """A new table kept with the array it was taken as (UnhashedBlockPool.get_new_table) goes
+    back by free_table(table, head) to the same free order as the list alone gives: every
+    table keeps its array here (floor 1), grows at its end (decoding, later chunks) and is
+    freed; against the list-backed BlockPool(lru) (no array tables), same ids throughout."""
+    import random
+
+    import simulator.engine.kvcache.paged as paged
+    from simulator.engine.kvcache.block_pool import BlockPool
+    monkeypatch.setattr(paged, "_HEAD_MIN_BLOCKS", 1)
+    rng = random.Random(11)
+    fast = PagedAllocator(num_blocks=200, block_size=4)
+    ref = PagedAllocator(num_blocks=200, block_size=4)
+    ref.pool, ref._array_tables = BlockPool(200, "lru"), False
+    assert fast.pool.array_tables and not ref.pool.array_tables
+    tokens: dict[int, int] = {}
+    for step in range(1500):
+        if tokens and rng.random() < 0.35:
+            rid = rng.choice(sorted(tokens))
+            fast.free(req(rid))
+            ref.free(req(rid))
+            del tokens[rid]
+        elif tokens and rng.random() < 0.5:
+            rid = rng.choice(sorted(tokens))
+            n = rng.randint(1, 20)
+            a = fast.allocate_slots(req(rid), n, tokens[rid])
+            assert a == ref.allocate_slots(req(rid), n, tokens[rid])
+            if a is not None:
+                tokens[rid] += n
+        else:
+            n = rng.randint(1, 120)
+            a = fast.allocate_slots(req(step), n, 0)
+            assert a == ref.allocate_slots(req(step), n, 0)
+            if a is not None:
+                tokens[step] = n
+        assert fast.req_to_blocks == ref.req_to_blocks
+        assert fast.pool.free_queue.order() == ref.pool.free_queue.order()
+    assert fast._heads.keys() == tokens.keys()
