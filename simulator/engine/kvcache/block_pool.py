@@ -159,8 +159,12 @@ class FreeStack:
 
     def prepend_many(self, block_ids: np.ndarray) -> None:
         """block_ids[0] becomes the head, block_ids[1] next, ... (LRU.prepend)."""
+        self.push_many(block_ids[::-1])
+
+    def push_many(self, block_ids: np.ndarray) -> None:
+        """block_ids[-1] becomes the head, block_ids[-2] next, ... (a table as it is)."""
         top = self._top
-        self._stack[top:top + len(block_ids)] = block_ids[::-1]
+        self._stack[top:top + len(block_ids)] = block_ids
         self._top = top + len(block_ids)
 
 
@@ -227,10 +231,14 @@ class UnhashedBlockPool:
         if not len(ordered_blocks):
             return
         b = np.fromiter(ordered_blocks, np.intp, len(ordered_blocks))  # (faster than np.array)
+        self._release(b)
+        self.free_queue.prepend_many(b)
+
+    def _release(self, b: np.ndarray) -> None:
+        """Held blocks `b` to ref count 0 (a block not held was freed twice: raises)."""
         if _nnz(self.ref_cnt[b]) < len(b):
             raise AssertionError(f"block {int(b[self.ref_cnt[b] == 0][0])} freed twice")
         self.ref_cnt[b] = 0
-        self.free_queue.prepend_many(b)
 
     # the pool hands out new tables with their blocks as an array too (`get_new_table`)
     array_tables = True
@@ -257,13 +265,8 @@ class UnhashedBlockPool:
         else:
             rest = table[len(head):]
             b = np.concatenate((head, np.fromiter(rest, np.intp, len(rest))))
-        if _nnz(self.ref_cnt[b]) < n:
-            raise AssertionError(f"block {int(b[self.ref_cnt[b] == 0][0])} freed twice")
-        self.ref_cnt[b] = 0
-        fq = self.free_queue
-        top = fq._top
-        fq._stack[top:top + n] = b
-        fq._top = top + n
+        self._release(b)
+        self.free_queue.push_many(b)
 
     @property
     def usage(self) -> float:
