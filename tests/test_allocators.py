@@ -196,3 +196,46 @@ def test_paged_tables_kept_as_arrays_free_as_their_lists(monkeypatch):
         assert fast.req_to_blocks == ref.req_to_blocks
         assert fast.pool.free_queue.order() == ref.pool.free_queue.order()
     assert fast._heads.keys() == tokens.keys()
+
+
+def test_paged_allocate_many_without_caching_is_one_call_each():
+    """allocate_slots_many without prefix caching (its own loop, nothing to hash) gives the
+    same capacities, tables and free order as allocate_slots called request by request, and
+    stops at the first request the free blocks cannot serve, leaving it and those after it
+    untouched. Random batches: requests with and without tables, holding more than they need,
+    asking for one block or many, some past the free blocks."""
+    import random
+
+    rng = random.Random(5)
+    many = PagedAllocator(num_blocks=120, block_size=4)
+    each = PagedAllocator(num_blocks=120, block_size=4)
+    computed: dict[int, int] = {}
+    next_id = 0
+    for _ in range(400):
+        ids = rng.sample(sorted(computed), min(len(computed), rng.randint(0, 6)))
+        fresh = set()
+        for _ in range(rng.randint(0, 2)):  # new ones (no table yet: at least one token)
+            ids.insert(rng.randint(0, len(ids)), next_id)
+            computed[next_id] = 0
+            fresh.add(next_id)
+            next_id += 1
+        new = [rng.choice([1, 9, 40] if i in fresh else [0, 1, 1, 1, 3, 4, 9, 40]) for i in ids]
+        comp = [computed[i] for i in ids]
+        caps = many.allocate_slots_many([req(i) for i in ids], new, comp)
+        want = []
+        for i, n, c in zip(ids, new, comp):
+            cap = each.allocate_slots(req(i), n, c)
+            if cap is None:
+                break
+            want.append(cap)
+        assert caps == want
+        for i, n in zip(ids[:len(caps)], new):  # some compute less than they were given
+            computed[i] += n - (rng.randint(0, n) if rng.random() < 0.3 else 0)
+        assert many.req_to_blocks == each.req_to_blocks
+        assert many.pool.free_queue.order() == each.pool.free_queue.order()
+        for i in rng.sample(sorted(computed), min(len(computed), rng.randint(0, 2))):
+            many.free(req(i))
+            each.free(req(i))
+            del computed[i]
+        for i in [i for i in computed if i not in each.req_to_blocks]:  # served nothing yet
+            del computed[i]
