@@ -98,6 +98,7 @@ _ROW = operator.attrgetter(*ITER_COLUMNS, *(f for _, f, _ in _OPTIONAL))
 _NAMES = (*ITER_COLUMNS, *(f for _, f, _ in _OPTIONAL))  # record fields, in row order
 _TABLE = (*ITER_COLUMNS, *(c for c, _, _ in _OPTIONAL))  # their iteration-table columns
 _IS_TOTAL = tuple(name in {f for _, f, t in _OPTIONAL if t} for name in _NAMES)
+_BLOCK = operator.itemgetter(*_NAMES)  # a record_many's columns in row order (one C call)
 _FLOATS = frozenset({"start_s", "duration_s", "kv_usage", "swap_s"})  # float64; the rest int64
 _NUM_OPTIONAL = len(_OPTIONAL)
 
@@ -351,7 +352,7 @@ class MetricsRecorder:
         # the open chunk: record's row tuples and their positions, record_many's blocks
         self._rows: list[tuple] = []
         self._row_at: list[int] = []
-        self._blocks: list[tuple[int, int, list]] = []
+        self._blocks: list[tuple[int, int, tuple]] = []
         self._n = 0
         self._present: tuple[bool, ...] | None = None  # which optional columns are kept
         self._seen = [0] * len(_NAMES)  # steps each column was recorded on (presence errors)
@@ -409,7 +410,7 @@ class MetricsRecorder:
         start_s is always k values. `gaps` are the steps' token gaps in step order,
         `gaps_per_step` how many each step has (an int: the same on every step). Same tables
         and gap counts as k `record` calls."""
-        block = [columns[name] for name in _NAMES]
+        block = _BLOCK(columns)
         k = len(block[0])
         self._blocks.append((self._n, k, block))
         self._n += k
