@@ -20,8 +20,10 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from queue import Queue
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -635,8 +637,40 @@ def write_openmetrics(path: str | Path, requests: Requests, iterations: Iteratio
     if samples is None:
         samples = sample(requests, iterations, interval_s)
     with open(path, "wb") as f:
-        for chunk in openmetrics_bytes(samples, labels=labels, start_unix_s=start_unix_s):
-            f.write(chunk)
+        write_chunks(f, openmetrics_bytes(samples, labels=labels, start_unix_s=start_unix_s))
+
+
+_QUEUED_CHUNKS = 8  # chunks made and not yet written (write_chunks): ~4 MB at most
+
+
+def write_chunks(f, chunks) -> None:
+    """Every chunk (bytes) of the iterable written to the binary file `f` in order, by a thread
+    while the next ones are made: a write runs without the GIL, so the file's writes overlap
+    the making of its text (W1's 70 MB of OpenMetrics: ~0.14 -> ~0.09 s). An error in either
+    thread is raised here, after the writer has stopped."""
+    queue: Queue = Queue(_QUEUED_CHUNKS)
+    failed: list[BaseException] = []
+
+    def writer() -> None:
+        while (chunk := queue.get()) is not None:
+            if not failed:
+                try:
+                    f.write(chunk)
+                except BaseException as e:  # noqa: BLE001 (raised in the caller's thread)
+                    failed.append(e)
+
+    thread = threading.Thread(target=writer, name="chunk writer")
+    thread.start()
+    try:
+        for chunk in chunks:
+            if failed:
+                break
+            queue.put(chunk)
+    finally:
+        queue.put(None)
+        thread.join()
+    if failed:
+        raise failed[0]
 
 
 _CHUNK_SAMPLES = 4096  # grid points whose numbers are formatted at a time
