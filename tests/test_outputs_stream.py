@@ -524,3 +524,70 @@ def test_positions_in_is_searchsorted(seed):
         for t in (table, table[:1]):
             assert np.array_equal(steps_mod.positions_in(t, values), np.searchsorted(t, values))
     assert steps_mod.positions_in(np.zeros(0), np.array([1.0])).tolist() == [0]
+
+
+def test_write_chunks_keeps_order_and_raises_either_threads_error(tmp_path):
+    """write_chunks (the OpenMetrics file's writer thread): every chunk in order; a failing
+    write is raised in the caller, which stops making chunks; a failing chunk maker is raised
+    after the writer has stopped (nothing hangs, nothing is written after)."""
+    import io
+
+    chunks = [b"%d\n" % i for i in range(300)]  # more than the queue holds
+    path = tmp_path / "out.txt"
+    with open(path, "wb") as f:
+        ts_mod.write_chunks(f, iter(chunks))
+    assert path.read_bytes() == b"".join(chunks)
+
+    class Full(io.BytesIO):
+        def write(self, b):
+            if self.tell() >= 20:
+                raise OSError("disk full")
+            return super().write(b)
+
+    made = []
+
+    def maker():
+        for c in chunks:
+            made.append(c)
+            yield c
+    with pytest.raises(OSError, match="disk full"):
+        ts_mod.write_chunks(Full(), maker())
+    assert len(made) < len(chunks)  # it stopped making them
+
+    def broken():
+        yield b"a\n"
+        raise ValueError("bad sample")
+    sink = io.BytesIO()
+    with pytest.raises(ValueError, match="bad sample"):
+        ts_mod.write_chunks(sink, broken())
+    assert sink.getvalue() == b"a\n"
+
+
+@pytest.mark.parametrize("groups", [1, 2, 7])
+def test_read_row_groups_fills_every_row_once_and_raises_a_readers_error(tmp_path, groups):
+    """read_row_groups (two threads, alternate groups): every row group handed to fill once at
+    its first row, whatever the number of groups; an error in either thread is raised in the
+    caller after both stopped."""
+    import pyarrow as pa
+
+    n = 5 * groups
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"x": np.arange(n) * 3, "y": np.arange(n) * 0.5}), path, row_group_size=5)
+    assert pq.ParquetFile(path).metadata.num_row_groups == groups
+    x, y = np.full(n, -1), np.full(n, -1.0)
+    seen = []
+
+    def fill(pos, group):
+        seen.append(pos)
+        k = group.num_rows
+        x[pos:pos + k] = group.column(0).to_numpy()
+        y[pos:pos + k] = group.column(1).to_numpy()
+    steps_mod.read_row_groups(path, ["x", "y"], fill)
+    assert sorted(seen) == list(range(0, n, 5))
+    assert np.array_equal(x, np.arange(n) * 3) and np.array_equal(y, np.arange(n) * 0.5)
+
+    def bad(pos, group):
+        if pos == 5 * (groups - 1):  # the last group (the second thread's, from 2 groups)
+            raise ValueError(f"bad group at {pos}")
+    with pytest.raises(ValueError, match="bad group"):
+        steps_mod.read_row_groups(path, ["x"], bad)
