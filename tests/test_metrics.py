@@ -256,3 +256,29 @@ def test_record_row_is_step_record_fields_in_order():
     fields = [f.name for f in dataclasses.fields(recorder.StepRecord)]
     assert list(recorder._NAMES) == [f for f in fields if f != "token_gaps"]
     assert fields[-1] == "token_gaps"
+
+
+def test_batch_stats_from_counts_are_the_float_columns_bit_for_bit(monkeypatch):
+    """The batch-size figures of an integer column taken from its value counts (no float copy,
+    no partition) are those of the column as float64 (mean, p50/p90/p99, max, histogram), bits
+    included: any size, ties, zeros, compact dtypes; and with the exact-sum bound lowered, the
+    mean of the values themselves."""
+    import simulator.metrics.summary as summary_mod
+
+    def by_floats(x):
+        return {**summary_mod._stats(x.astype(np.float64)), "histogram": summary_mod.histogram(x)}
+
+    def hexed(d):
+        return {k: v.hex() if isinstance(v, float) else v for k, v in d.items()}
+    rng = np.random.default_rng(4)
+    arrays = [np.array([0], np.uint8), np.array([7], np.int64), np.array([1, 1], np.uint16)]
+    for n in [*range(1, 40), 99, 100, 101, 1000, 4097]:
+        for dt, hi in ((np.uint8, 3), (np.uint16, 300), (np.int32, 70_000), (np.int64, 5)):
+            arrays.append(rng.integers(0, hi, n).astype(dt))
+    monkeypatch.setattr(summary_mod, "_COUNT_CHUNK", 64)  # several bincount chunks
+    for x in arrays:
+        assert hexed(summary_mod._batch_stats(x)) == hexed(by_floats(x)), (x.dtype, len(x))
+    monkeypatch.setattr(summary_mod, "_EXACT_SUM", 10)
+    for x in arrays[-8:]:
+        assert hexed(summary_mod._batch_stats(x)) == hexed(by_floats(x))
+    assert summary_mod._batch_stats(np.zeros(0, np.int64))["mean"] is None
