@@ -154,6 +154,16 @@ def test_optional_iteration_columns_are_used():
     rec2.record(StepRecord(*base))
     with pytest.raises(ValueError, match="num_sampled is missing on 1 of 2 steps"):
         rec2.iterations_frame()
+    rec3 = MetricsRecorder(total_slots=64)  # the other way round: missing on the first step
+    rec3.record(StepRecord(*base))
+    rec3.record(StepRecord(*base, num_sampled=1))
+    with pytest.raises(ValueError, match="num_sampled is missing on 1 of 2 steps"):
+        rec3.iterations_frame()
+    rec4 = MetricsRecorder(total_slots=64)  # a float where counts go
+    rec4.record(StepRecord(*base))
+    rec4.record(StepRecord(0.0, 1.0, 1.5, *base[3:]))
+    with pytest.raises(ValueError, match="num_seqs got float64 values, expected integers"):
+        rec4.iterations_frame()
 
 
 def test_histogram_buckets():

@@ -476,9 +476,16 @@ class MetricsRecorder:
         for idx, (field, name) in enumerate(zip(_NAMES, _TABLE)):
             kept = self._present[idx]
             seen = 0
+            row_vals = None
             if by_col is not None:
                 values = by_col[idx]
-                seen += len(values) - values.count(None)
+                if kept:
+                    # NOTE: a None makes the array object-typed; only then are the Nones
+                    # counted (count(None) compares every number with None: ~1 ms a column)
+                    row_vals = np.asarray(values)
+                    seen += len(values) - (values.count(None) if row_vals.dtype.kind == "O" else 0)
+                else:  # (all None as expected: count(None) matches each by identity)
+                    seen += len(values) - values.count(None)
             vals = by_block[idx] if blocks else ()
             types = set(map(type, vals))
             if blocks:
@@ -493,8 +500,7 @@ class MetricsRecorder:
                 continue
             kind = "f" if field in _FLOATS else "i"
             col = np.empty(n, np.float64 if kind == "f" else np.int64)
-            if by_col is not None:
-                row_vals = np.asarray(by_col[idx])
+            if row_vals is not None:
                 if row_vals.dtype.kind != kind and not (kind == "f" and row_vals.dtype.kind in "iub"):
                     raise ValueError(f"iteration column {name} got {row_vals.dtype} values, "
                                      f"expected {'floats' if kind == 'f' else 'integers'}")
