@@ -271,8 +271,8 @@ def test_record_row_is_step_record_fields_in_order():
 def test_batch_stats_from_counts_are_the_float_columns_bit_for_bit(monkeypatch):
     """The batch-size figures of an integer column taken from its value counts (no float copy,
     no partition) are those of the column as float64 (mean, p50/p90/p99, max, histogram), bits
-    included: any size, ties, zeros, compact dtypes; and with the exact-sum bound lowered, the
-    mean of the values themselves."""
+    included: any size, ties, zeros, compact dtypes; past the exact-sum bound (lowered here),
+    the float path itself."""
     import simulator.metrics.summary as summary_mod
 
     def by_floats(x):
@@ -289,6 +289,9 @@ def test_batch_stats_from_counts_are_the_float_columns_bit_for_bit(monkeypatch):
     for x in arrays:
         assert hexed(summary_mod._batch_stats(x)) == hexed(by_floats(x)), (x.dtype, len(x))
     monkeypatch.setattr(summary_mod, "_EXACT_SUM", 10)
+    calls = []
+    monkeypatch.setattr(summary_mod, "_counted_stats", lambda *a: calls.append(a))
     for x in arrays[-8:]:
         assert hexed(summary_mod._batch_stats(x)) == hexed(by_floats(x))
+    assert not calls  # max * n >= the bound: never from the counts
     assert summary_mod._batch_stats(np.zeros(0, np.int64))["mean"] is None

@@ -561,6 +561,10 @@ def test_write_chunks_keeps_order_and_raises_either_threads_error(tmp_path):
     with pytest.raises(ValueError, match="bad sample"):
         ts_mod.write_chunks(sink, broken())
     assert sink.getvalue() == b"a\n"
+    # a chunk that is not bytes fails its write (as f.write(None) does), and nothing hangs
+    with pytest.raises(TypeError):
+        ts_mod.write_chunks(io.BytesIO(), iter([b"a", None] + [b"b"] * 20))
+    assert not [t for t in threading.enumerate() if t.name == "chunk writer"]
 
 
 @pytest.mark.parametrize("groups", [1, 2, 7])

@@ -141,7 +141,9 @@ def _histogram_of_counts(per_value: np.ndarray) -> dict[str, list[int]]:
 
 
 def _batch_stats(x: np.ndarray) -> dict[str, Any]:
-    if x.dtype.kind in "iu" and len(x) and int(x.min()) >= 0 and (top := int(x.max())) < _COUNTED_MAX:
+    # (top * n bounds every partial sum: below _EXACT_SUM numpy's float sum is exact)
+    if (x.dtype.kind in "iu" and len(x) and int(x.min()) >= 0 and (top := int(x.max())) < _COUNTED_MAX
+            and top * len(x) < _EXACT_SUM):
         per_value = np.zeros(top + 1, np.int64)
         for lo in range(0, len(x), _COUNT_CHUNK):  # (bincount makes an intp copy of its input)
             per_value += np.bincount(x[lo:lo + _COUNT_CHUNK], minlength=top + 1)
@@ -158,17 +160,13 @@ def _counted_stats(per_value: np.ndarray, n: int) -> dict[str, Any]:
     """_batch_stats of n non-negative integers given as how many of each value there are
     (np.bincount): the same figures as over the values as float64, bits included, with no
     float copy and no partition of the column (tens of millions of steps in a long run):
-    - mean: every partial sum of integers is exact below 2^53, so numpy's pairwise sum is the
-      exact sum whatever its order, and the same division follows (else: the values' mean);
+    - mean: every partial sum of integers is exact below 2^53 (the caller's bound: max * n),
+      so numpy's pairwise sum is the exact sum whatever its order, and the same division follows;
     - percentiles: each order statistic is the value whose cumulative count passes its rank,
       and numpy's lerp between them (_lerp, as `percentiles`);
     - max: the largest value counted; the histogram from the same counts."""
-    values = np.arange(len(per_value), dtype=np.int64)
-    total = int(per_value @ values)
-    if total >= _EXACT_SUM:
-        mean = float(np.repeat(values.astype(np.float64), per_value).mean())
-    else:
-        mean = float(np.float64(total) / n)
+    total = int(per_value @ np.arange(len(per_value), dtype=np.int64))
+    mean = float(np.float64(total) / n)
     virtual, prev, after = _points(n)
     cum = np.cumsum(per_value)
 
