@@ -526,47 +526,6 @@ def test_positions_in_is_searchsorted(seed):
     assert steps_mod.positions_in(np.zeros(0), np.array([1.0])).tolist() == [0]
 
 
-def test_write_chunks_keeps_order_and_raises_either_threads_error(tmp_path):
-    """write_chunks (the OpenMetrics file's writer thread): every chunk in order; a failing
-    write is raised in the caller, which stops making chunks; a failing chunk maker is raised
-    after the writer has stopped (nothing hangs, nothing is written after)."""
-    import io
-
-    chunks = [b"%d\n" % i for i in range(300)]  # more than the queue holds
-    path = tmp_path / "out.txt"
-    with open(path, "wb") as f:
-        ts_mod.write_chunks(f, iter(chunks))
-    assert path.read_bytes() == b"".join(chunks)
-
-    class Full(io.BytesIO):
-        def write(self, b):
-            if self.tell() >= 20:
-                raise OSError("disk full")
-            return super().write(b)
-
-    made = []
-
-    def maker():
-        for c in chunks:
-            made.append(c)
-            yield c
-    with pytest.raises(OSError, match="disk full"):
-        ts_mod.write_chunks(Full(), maker())
-    assert len(made) < len(chunks)  # it stopped making them
-
-    def broken():
-        yield b"a\n"
-        raise ValueError("bad sample")
-    sink = io.BytesIO()
-    with pytest.raises(ValueError, match="bad sample"):
-        ts_mod.write_chunks(sink, broken())
-    assert sink.getvalue() == b"a\n"
-    # a chunk that is not bytes fails its write (as f.write(None) does), and nothing hangs
-    with pytest.raises(TypeError):
-        ts_mod.write_chunks(io.BytesIO(), iter([b"a", None] + [b"b"] * 20))
-    assert not [t for t in threading.enumerate() if t.name == "chunk writer"]
-
-
 @pytest.mark.parametrize("groups", [1, 2, 7])
 def test_read_row_groups_fills_every_row_once_and_raises_a_readers_error(tmp_path, groups):
     """read_row_groups (two threads, alternate groups): every row group handed to fill once at

@@ -20,10 +20,8 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from queue import Queue
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -637,45 +635,8 @@ def write_openmetrics(path: str | Path, requests: Requests, iterations: Iteratio
     if samples is None:
         samples = sample(requests, iterations, interval_s)
     with open(path, "wb") as f:
-        write_chunks(f, openmetrics_bytes(samples, labels=labels, start_unix_s=start_unix_s))
-
-
-_QUEUED_CHUNKS = 8  # chunks made and not yet written (write_chunks): ~4 MB at most
-_STOP = object()  # the writer thread's end (no chunk is this object)
-
-
-def write_chunks(f, chunks) -> None:
-    """Every chunk (bytes) of the iterable written to the binary file `f` in order, by a thread
-    while the next ones are made: a write runs without the GIL, so the file's writes overlap
-    the making of its text (W1's 70 MB of OpenMetrics). A failed write stops the making and is
-    raised here; an error of the making (or an interrupt) is raised once the writer has
-    stopped. The writer is a daemon thread: an interrupt can never leave it waiting at exit."""
-    queue: Queue = Queue(_QUEUED_CHUNKS)
-    failed: list[BaseException] = []
-
-    def writer() -> None:
-        while (chunk := queue.get()) is not _STOP:
-            if not failed:
-                try:
-                    f.write(chunk)
-                except BaseException as e:  # noqa: BLE001 (raised in the caller's thread)
-                    failed.append(e)
-
-    thread = threading.Thread(target=writer, name="chunk writer", daemon=True)
-    thread.start()
-    try:
-        for chunk in chunks:
-            if failed:
-                break
-            queue.put(chunk)
-    except BaseException:
-        queue.put(_STOP)
-        thread.join()
-        raise
-    queue.put(_STOP)
-    thread.join()
-    if failed:
-        raise failed[0]
+        for chunk in openmetrics_bytes(samples, labels=labels, start_unix_s=start_unix_s):
+            f.write(chunk)
 
 
 _CHUNK_SAMPLES = 4096  # grid points whose numbers are formatted at a time
