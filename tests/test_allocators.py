@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -198,17 +199,19 @@ def test_paged_tables_kept_as_arrays_free_as_their_lists(monkeypatch):
     assert fast._heads.keys() == tokens.keys()
 
 
-def test_paged_allocate_many_without_caching_is_one_call_each():
-    """allocate_slots_many without prefix caching (its own loop, nothing to hash) gives the
-    same capacities, tables and free order as allocate_slots called request by request, and
-    stops at the first request the free blocks cannot serve, leaving it and those after it
-    untouched. Random batches: requests with and without tables, holding more than they need,
-    asking for one block or many, some past the free blocks."""
+@pytest.mark.parametrize("caching", [False, True])
+def test_paged_allocate_many_is_one_call_each(caching):
+    """allocate_slots_many (its blocks popped at once, then, with prefix caching, the served
+    requests' full blocks hashed in order) gives the same capacities, tables, hashed blocks and
+    free order as allocate_slots called request by request, and stops at the first request the
+    free blocks cannot serve, leaving it and those after it untouched. Random batches: requests
+    with and without tables, holding more than they need, asking for one block or many, some
+    past the free blocks."""
     import random
 
     rng = random.Random(5)
-    many = PagedAllocator(num_blocks=120, block_size=4)
-    each = PagedAllocator(num_blocks=120, block_size=4)
+    many = PagedAllocator(num_blocks=120, block_size=4, enable_prefix_caching=caching)
+    each = PagedAllocator(num_blocks=120, block_size=4, enable_prefix_caching=caching)
     computed: dict[int, int] = {}
     next_id = 0
     for _ in range(400):
@@ -233,6 +236,7 @@ def test_paged_allocate_many_without_caching_is_one_call_each():
             computed[i] += n - (rng.randint(0, n) if rng.random() < 0.3 else 0)
         assert many.req_to_blocks == each.req_to_blocks
         assert many.pool.free_queue.order() == each.pool.free_queue.order()
+        assert many._num_cached == each._num_cached
         for i in rng.sample(sorted(computed), min(len(computed), rng.randint(0, 2))):
             many.free(req(i))
             each.free(req(i))

@@ -151,54 +151,24 @@ class PagedAllocator(PoolClock):
                             ) -> list[int]:
         """allocate_slots for running requests in order, stopping at the first that does not
         fit; returns the capacities of those served. Same blocks, same order as one call each:
-        running requests have no pending prefix hits, so each just pops its new blocks. A first
-        loop finds what each needs, the blocks are popped at once, and a second hands them out
-        in order and (with prefix caching) hashes each served request's newly full blocks.
+        running requests have no pending prefix hits, so each just pops its new blocks
+        (`_allocate_many`); then, with prefix caching, each served request's newly full blocks
+        are hashed, in order (hashing takes no block, so it may follow all the pops).
         `num_tokens`: each request's current token count (default req.num_tokens)."""
-        if not self.enable_prefix_caching:
-            return self._allocate_many_unhashed(reqs, num_new, num_computed)
-        bs = self.block_size
-        tables = self.req_to_blocks
-        room = self.pool.num_free_blocks
-        caching = self.enable_prefix_caching
-        caps = []
-        grow = []  # (position, request, its table or None, blocks it takes) of those to update
-        total = 0
-        for k, (req, n, c) in enumerate(zip(reqs, num_new, num_computed)):
-            table = tables.get(req.req_id)
-            held = len(table) if table else 0
-            need = -(-(c + n) // bs) - held
-            if need > 0:
-                if need > room - total:
-                    break
-                total += need
-                held += need
-                grow.append((k, req, table, need))
-            elif table is None or caching:  # (one holding more than it needs takes none)
-                grow.append((k, req, table, 0))
-            caps.append(held * bs)
-        new = self.pool.get_new_blocks(total) if total else []
-        pos = 0
-        for k, req, table, need in grow:
-            if table is None:
-                table = tables[req.req_id] = []
-                self._num_cached[req.req_id] = 0
-            if need == 1:
-                table.append(new[pos])
-                pos += 1
-            elif need:
-                table.extend(new[pos:pos + need])
-                pos += need
-            if caching:
-                self._cache_full_blocks(req, table, min(num_computed[k] + num_new[k], req.num_tokens
-                                                        if num_tokens is None else num_tokens[k]))
+        caps = self._allocate_many(reqs, num_new, num_computed)
+        if self.enable_prefix_caching:
+            tables = self.req_to_blocks
+            for k, req in enumerate(reqs[:len(caps)]):
+                self._cache_full_blocks(req, tables[req.req_id], min(
+                    num_computed[k] + num_new[k], req.num_tokens if num_tokens is None else num_tokens[k]))
         return caps
 
-    def _allocate_many_unhashed(self, reqs: list[Request], num_new: list[int],
-                                num_computed: list[int]) -> list[int]:
-        """allocate_slots_many without prefix caching (nothing to hash): the same blocks in the
-        same order, with less per request (every step of a chunked-prefill run: ~5 requests a
-        step need a block, most of them one)."""
+    def _allocate_many(self, reqs: list[Request], num_new: list[int],
+                       num_computed: list[int]) -> list[int]:
+        """allocate_slots_many's blocks: a first loop finds what each request needs (the first
+        the free blocks cannot serve stops it), the blocks are popped at once, and a second loop
+        hands them out in order; a request with no table yet gets one (even if it takes no
+        block). Returns the capacities of those served."""
         bs = self.block_size
         tables = self.req_to_blocks
         room = free = self.pool.num_free_blocks
