@@ -365,3 +365,29 @@ def test_a_setting_past_the_machine_is_out_of_memory_in_one_line(capsys):
     huge = "workload.system_prompts={count: 1000000000000, tokens: {dist: constant, value: 10}}"
     err = _one_line(capsys, ["run", "--quiet", "--out", "/tmp/kvsim-test-oom", "--set", huge])
     assert "out of memory (Unable to allocate" in err and "lower it" in err
+
+
+def test_a_command_runs_with_a_raised_gc_threshold_and_puts_it_back(monkeypatch, capsys):
+    """The command line collects the young generation every _GC_GEN0 allocations while a command
+    runs (its start-up makes long-lived objects), and puts the caller's thresholds back when
+    the command returns or fails."""
+    import gc
+
+    import simulator.cli.main as cli_main
+    import simulator.cli.run as cli_run
+
+    seen = []
+
+    def command(args):
+        seen.append(gc.get_threshold())
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli_run, "main", command)
+    before = gc.get_threshold()
+    gc.set_threshold(321, *before[1:])
+    try:
+        assert cli_main.main(["run", "--quiet"]) == 130  # interrupted, one line
+        assert seen == [(cli_main._GC_GEN0, *before[1:])]
+        assert gc.get_threshold() == (321, *before[1:])
+    finally:
+        gc.set_threshold(*before)
+    assert "interrupted" in capsys.readouterr().err
