@@ -205,3 +205,21 @@ def test_outputs_do_not_depend_on_the_number_of_blas_threads(tmp_path):
     assert steps > 10_000
     for name in ("summary.json", "timeseries.parquet", "openmetrics.txt", "alerts.json"):
         assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("pd", [False, True])
+def test_progress_is_called_every_few_hundred_steps(pd):
+    """run(progress=...) hands (ended, total) every PROGRESS_EVERY steps or runs, not on every
+    one: the counts never fall, never pass the total, and the calls are a few per thousand steps
+    (one replica and P/D)."""
+    from simulator.engine.replica import PROGRESS_EVERY
+
+    cfg = (build_config("experiments/configs/pd_disagg.yaml", ["workload.num_requests=300"]) if pd
+           else build_config(None, ["workload.num_requests=400", "engine.advance=step"]))
+    calls = []
+    res = run(cfg, progress=lambda done, total: calls.append((done, total)), keep_iterations=False)
+    total = 300 if pd else 400
+    assert calls and all(t == total and 0 <= d <= total for d, t in calls)
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+    assert len(calls) <= len(res.steps) // 100 + 1  # (not on every step)
+    assert len(calls) >= len(res.steps) // PROGRESS_EVERY // 4  # (still some: runs count as one)

@@ -81,13 +81,11 @@ def register(sub, help: str) -> None:
 
 
 def _progress_factory(err):
-    """A progress bar on stderr that appears only once a run has taken more than ~2 s of wall time."""
-    state = {"t0": time.perf_counter(), "bar": None, "task": None, "n": 0}
+    """A progress bar on stderr that appears only once a run has taken more than ~2 s of wall
+    time (the run calls it every few hundred steps)."""
+    state = {"t0": time.perf_counter(), "bar": None, "task": None}
 
     def update(done: int, total: int) -> None:
-        state["n"] += 1
-        if state["n"] % 256:
-            return
         if state["bar"] is None:
             if time.perf_counter() - state["t0"] < 2.0:
                 return

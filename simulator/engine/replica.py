@@ -312,6 +312,10 @@ def run_env(env: simpy.Environment) -> None:
 
 _GC_GEN0 = 1_000_000
 
+# a run's `progress(ended, total)` is called every PROGRESS_EVERY steps (a progress bar needs no
+# more; a call every step cost ~0.6 us, ~0.7 % of W2)
+PROGRESS_EVERY = 256
+
 
 def feed_arrivals(env: simpy.Environment, workload: RequestArrays, target,
                   clock: ArrivalClock | None = None):

@@ -17,6 +17,7 @@ Same config + seed => byte-identical files: no wall clock and no global RNG reac
 
 from __future__ import annotations
 
+import itertools
 import json
 import operator
 import os
@@ -36,7 +37,7 @@ from simulator.engine.build import Setup, setup
 from simulator.engine.cluster import Cluster, MergedRecorder, cluster_section
 from simulator.engine.kvcache.offload import offload_summary
 from simulator.engine.protocols import RouterContext, SchedulerInterface, SchedulerStats
-from simulator.engine.replica import Replica, feed_arrivals, run_env
+from simulator.engine.replica import PROGRESS_EVERY, Replica, feed_arrivals, run_env
 from simulator.engine.routers import ROUTERS
 from simulator.engine.steptrace import StepTrace
 from simulator.metrics.recorder import MetricsRecorder
@@ -142,7 +143,8 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *,
     any work); 2. `on_setup(setup)`, e.g. to print the setup lines; 3. the workload from the seed;
     4. one scheduler, recorder and Replica process per replica, the router in front; 5. SimPy
     run until every arrival has finished or been rejected; 6. the summary and tables.
-    `progress(ended, total)` is called after every step; `trace` records one replica's steps.
+    `progress(ended, total)` is called every PROGRESS_EVERY (256) steps; `trace` records one
+    replica's steps.
     Memory: `iterations_path` streams one replica's iterations table to that parquet file as
     the run goes (Result.write moves it into the run directory); `keep_iterations` False keeps
     no iterations table at all (only the compact columns of the summary; --no-iterations).
@@ -173,9 +175,11 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *,
         total = len(workload)
 
         ended = operator.attrgetter("num_ended")
+        steps = itertools.count(1)
 
         def tick() -> None:  # (every step: no generator)
-            progress(sum(map(ended, recorders)), total)
+            if not next(steps) % PROGRESS_EVERY:
+                progress(sum(map(ended, recorders)), total)
     env = simpy.Environment()
     clock = ArrivalClock() if config.engine.advance == "event" else None
     replicas = [Replica(env, sched, s.cost, rec, s.engine.max_model_len, on_iteration=tick,
