@@ -32,7 +32,6 @@ transfer's landing); prefill legs never decode, so the prefill pool steps one by
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 from collections import deque
 from collections.abc import Callable
@@ -49,7 +48,7 @@ from simulator.engine.build import Setup, setup
 from simulator.engine.cluster import Cluster, MergedRecorder, cluster_section
 from simulator.engine.costmodel import CostModel, StepShape
 from simulator.engine.protocols import RouterContext
-from simulator.engine.replica import PROGRESS_EVERY, Replica, feed_arrivals, run_env
+from simulator.engine.replica import Replica, feed_arrivals, progress_tick, run_env
 from simulator.engine.routers import ROUTERS
 from simulator.errors import ConfigError
 from simulator.metrics.recorder import MetricsRecorder
@@ -511,12 +510,7 @@ def run_disaggregated(config: SimConfig, workload: RequestArrays | None = None, 
     tick = None
     if progress is not None:
         total = len(workload)
-
-        steps = itertools.count(1)
-
-        def tick() -> None:
-            if not next(steps) % PROGRESS_EVERY:
-                progress(box[0].num_ended(), total)
+        tick = progress_tick(lambda: progress(box[0].num_ended(), total))
     dc = build_disaggregated(config, workload, spec=spec, on_iteration=tick, vectorized=vectorized)
     box.append(dc)
     env = dc.env

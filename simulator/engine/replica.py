@@ -15,6 +15,7 @@ Invariants:
 from __future__ import annotations
 
 import gc
+import itertools
 import math
 from collections.abc import Callable
 
@@ -315,6 +316,17 @@ _GC_GEN0 = 1_000_000
 # a run's `progress(ended, total)` is called every PROGRESS_EVERY steps (a progress bar needs no
 # more; a call every step cost ~0.6 us, ~0.7 % of W2)
 PROGRESS_EVERY = 256
+
+
+def progress_tick(report: Callable[[], None]) -> Callable[[], None]:
+    """A replica's on_iteration (called after every step or run) that calls `report` every
+    PROGRESS_EVERY calls."""
+    calls = itertools.count(1)
+
+    def tick() -> None:  # (every step: no generator)
+        if not next(calls) % PROGRESS_EVERY:
+            report()
+    return tick
 
 
 def feed_arrivals(env: simpy.Environment, workload: RequestArrays, target,

@@ -17,7 +17,6 @@ Same config + seed => byte-identical files: no wall clock and no global RNG reac
 
 from __future__ import annotations
 
-import itertools
 import json
 import operator
 import os
@@ -37,7 +36,7 @@ from simulator.engine.build import Setup, setup
 from simulator.engine.cluster import Cluster, MergedRecorder, cluster_section
 from simulator.engine.kvcache.offload import offload_summary
 from simulator.engine.protocols import RouterContext, SchedulerInterface, SchedulerStats
-from simulator.engine.replica import PROGRESS_EVERY, Replica, feed_arrivals, run_env
+from simulator.engine.replica import Replica, feed_arrivals, progress_tick, run_env
 from simulator.engine.routers import ROUTERS
 from simulator.engine.steptrace import StepTrace
 from simulator.metrics.recorder import MetricsRecorder
@@ -173,13 +172,8 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *,
     tick = None
     if progress is not None:
         total = len(workload)
-
         ended = operator.attrgetter("num_ended")
-        steps = itertools.count(1)
-
-        def tick() -> None:  # (every step: no generator)
-            if not next(steps) % PROGRESS_EVERY:
-                progress(sum(map(ended, recorders)), total)
+        tick = progress_tick(lambda: progress(sum(map(ended, recorders)), total))
     env = simpy.Environment()
     clock = ArrivalClock() if config.engine.advance == "event" else None
     replicas = [Replica(env, sched, s.cost, rec, s.engine.max_model_len, on_iteration=tick,

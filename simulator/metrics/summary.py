@@ -121,33 +121,42 @@ def histogram(x: np.ndarray) -> dict[str, list[int]]:
     (the first holds values <= 1), up to the first bound >= max."""
     if len(x) == 0:
         return {"upper_bounds": [], "counts": []}
-    top = max(1, int(math.ceil(float(x.max()))))
-    bounds = 1 << np.arange(int(math.ceil(math.log2(top))) + 1, dtype=np.int64)
     if x.dtype.kind in "iu" and int(x.min()) >= 0:  # counts by value, then by bucket (exact)
-        return _histogram_of_counts(np.bincount(x))
+        return _histogram_of_counts(_value_counts(x, int(x.max())))
+    bounds = _bucket_bounds(int(math.ceil(float(x.max()))))
     counts = np.bincount(np.searchsorted(bounds, x, side="left"), minlength=len(bounds))
     return {"upper_bounds": bounds.tolist(), "counts": counts.tolist()}
 
 
+def _bucket_bounds(top: int) -> np.ndarray:
+    """The histogram's upper bounds 1, 2, 4, ... up to the first >= top."""
+    return 1 << np.arange(int(math.ceil(math.log2(max(1, top)))) + 1, dtype=np.int64)
+
+
 def _histogram_of_counts(per_value: np.ndarray) -> dict[str, list[int]]:
-    """histogram of non-negative integers given by their counts (np.bincount; the last
+    """histogram of non-negative integers given by their counts (`_value_counts`; the last
     counted: the largest value)."""
-    top = max(1, len(per_value) - 1)
-    bounds = 1 << np.arange(int(math.ceil(math.log2(top))) + 1, dtype=np.int64)
+    bounds = _bucket_bounds(len(per_value) - 1)
     bucket = np.searchsorted(bounds, np.arange(len(per_value)), side="left")
     counts = np.zeros(len(bounds), np.int64)
     np.add.at(counts, bucket, per_value)
     return {"upper_bounds": bounds.tolist(), "counts": counts.tolist()}
 
 
+def _value_counts(x: np.ndarray, top: int) -> np.ndarray:
+    """np.bincount of non-negative integers up to `top`, a block at a time (bincount makes an
+    intp copy of its input: a long run's column would be copied whole)."""
+    per_value = np.zeros(top + 1, np.int64)
+    for lo in range(0, len(x), _COUNT_CHUNK):
+        per_value += np.bincount(x[lo:lo + _COUNT_CHUNK], minlength=top + 1)
+    return per_value
+
+
 def _batch_stats(x: np.ndarray) -> dict[str, Any]:
     # (top * n bounds every partial sum: below _EXACT_SUM numpy's float sum is exact)
     if (x.dtype.kind in "iu" and len(x) and int(x.min()) >= 0 and (top := int(x.max())) < _COUNTED_MAX
             and top * len(x) < _EXACT_SUM):
-        per_value = np.zeros(top + 1, np.int64)
-        for lo in range(0, len(x), _COUNT_CHUNK):  # (bincount makes an intp copy of its input)
-            per_value += np.bincount(x[lo:lo + _COUNT_CHUNK], minlength=top + 1)
-        return _counted_stats(per_value, len(x))
+        return _counted_stats(_value_counts(x, top), len(x))
     return {**_stats(x.astype(np.float64)), "histogram": histogram(x)}
 
 
