@@ -1,7 +1,5 @@
 """`python -m simulator` is the `kvsim` command."""
 
-import sys
+from simulator.cli.main import entry
 
-from simulator.cli.main import main
-
-sys.exit(main())
+entry()

@@ -391,3 +391,36 @@ def test_a_command_runs_with_a_raised_gc_threshold_and_puts_it_back(monkeypatch,
     finally:
         gc.set_threshold(*before)
     assert "interrupted" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,code", [(["run", "--quiet", "--set", "workload.num_requests=3"], 0),
+                                       (["run", "--quiet", "--set", "engine.block_size=0"], 2)])
+def test_the_executable_ends_as_an_interpreter_exit_would(tmp_path, args, code):
+    """`python -m simulator` (the `kvsim` executable) skips the interpreter's teardown but not
+    what the outside world sees of an exit: a thread that is not a daemon runs to its end, the
+    atexit functions run, the output is flushed and the exit status is the command's."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import atexit, runpy, sys, threading, time
+        def late():
+            time.sleep(0.3)
+            open({str(tmp_path / "thread")!r}, "w").write("joined")
+        threading.Thread(target=late).start()
+        atexit.register(lambda: open({str(tmp_path / "atexit")!r}, "w").write("ran"))
+        sys.stdout.write("unflushed")  # (a pipe: block-buffered)
+        sys.argv = ["kvsim", *{args!r}, "--out", {str(tmp_path / "out")!r}]
+        runpy.run_module("simulator", run_name="__main__")
+        """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent, timeout=120)
+    assert proc.returncode == code, proc.stderr
+    assert proc.stdout.startswith("unflushed")
+    assert (tmp_path / "thread").read_text() == "joined"
+    assert (tmp_path / "atexit").read_text() == "ran"
+    if code:
+        assert proc.stderr.strip() == "kvsim: error: engine.block_size must be a positive integer, got 0"
+    else:
+        assert (tmp_path / "out" / "summary.json").is_file()

@@ -8,10 +8,12 @@ written (OSError) -> one line on stderr, exit 2."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import importlib
 import os
 import sys
+import threading
 import warnings
 
 from simulator import __version__
@@ -84,6 +86,39 @@ def build_parser() -> argparse.ArgumentParser:
 _GC_GEN0 = 50_000
 
 
+def entry() -> None:
+    """The `kvsim` executable (the console script and `python -m simulator`): main(), then the
+    process ends as the interpreter's exit would, less its teardown (`_end_process`)."""
+    _end_process(main())
+
+
+def _end_process(code: int) -> None:
+    """End the process with exit status `code` after the steps of an interpreter exit that the
+    outside world sees: threads that are not daemons joined, with the threading atexit calls
+    before (threading._shutdown: an executor's workers), the atexit functions (a sweep's worker
+    pool or Ray stopped, temporary folders removed, logging flushed), stdout and stderr
+    flushed; then os._exit. Skipped: the teardown that frees every module and object one by
+    one, which the end of the process does at once. It was ~70 ms of a W1 `kvsim run`: from
+    the command's return to the process's end 0.11-0.13 s, 0.05 s with this (3 runs each).
+    mypy ends its command line the same way (mypy.util.hard_exit).
+    NOTE: only where nothing runs after the command (tests call main(), which returns)."""
+    shutdown, run_exitfuncs = getattr(threading, "_shutdown", None), getattr(atexit, "_run_exitfuncs", None)
+    if shutdown is None or run_exitfuncs is None:  # (another Python: its own exit)
+        sys.exit(code)
+    shutdown()
+    run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BrokenPipeError:  # `kvsim ... | head`: the reader left, as main treats it
+            pass
+        except ValueError:  # closed
+            pass
+        except OSError:  # output lost (a full disk): the status Python's exit gives
+            code = code or 120
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     thresholds = gc.get_threshold()
     gc.set_threshold(_GC_GEN0, *thresholds[1:])
@@ -133,4 +168,4 @@ def _main(argv: list[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
