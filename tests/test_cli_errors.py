@@ -424,3 +424,19 @@ def test_the_executable_ends_as_an_interpreter_exit_would(tmp_path, args, code):
         assert proc.stderr.strip() == "kvsim: error: engine.block_size must be a positive integer, got 0"
     else:
         assert (tmp_path / "out" / "summary.json").is_file()
+
+
+def test_a_reader_that_leaves_is_not_an_error(tmp_path):
+    """`kvsim run | head -1`: the command ends there (as a writer does on a closed pipe) with
+    status 0 and nothing on stderr; rich's Console alone exits with status 1."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "simulator", "run", "--set", "workload.num_requests=30",
+                             "--out", str(tmp_path / "out")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parent.parent)
+    proc.stdout.readline()
+    proc.stdout.close()  # (as head does after its line)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert err == ""

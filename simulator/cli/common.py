@@ -33,13 +33,20 @@ def add_worker_args(p: argparse.ArgumentParser) -> None:
 
 def make_console(stderr: bool = False):
     """A rich Console. On a terminal it follows the terminal's width; piped or logged it is
-    PIPE_WIDTH wide and never wraps a plain line (rich's own default there is 80 columns)."""
+    PIPE_WIDTH wide and never wraps a plain line (rich's own default there is 80 columns).
+    A reader that leaves (`kvsim run | head`) is a BrokenPipeError, which `kvsim` ends with
+    status 0 (cli/main.py); rich's own Console exits with status 1 there."""
     from rich.console import Console
+
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError("the reader of the output left")
 
     stream = sys.stderr if stderr else sys.stdout
     if stream.isatty():
-        return Console(stderr=stderr)
-    return Console(stderr=stderr, width=PIPE_WIDTH, soft_wrap=True)
+        return PipeConsole(stderr=stderr)
+    return PipeConsole(stderr=stderr, width=PIPE_WIDTH, soft_wrap=True)
 
 
 def say(text: str, **kwargs: Any) -> None:
