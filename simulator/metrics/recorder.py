@@ -790,10 +790,8 @@ class MetricsRecorder:
         key = v.view(np.uint64) if bits else v
         order = np.argsort(key, kind="stable")
         c = c[order]
+        # (a gather, not a second sort of the keys: W1's 648,000 values 34 -> 23 ms, 5.4 M
+        # values 275 -> 236 ms; one more array of the values until `order` goes)
+        v = v[order]
         del order
-        # the same values as v[order], in place: equal uint64 keys are the same bits, so any
-        # sort gives them; floats keep the stable order (-0.0 == 0.0). Stable (timsort) either
-        # way: v is the parts' sorted values end to end, runs timsort merges (W1's 660,000 in
-        # 44 parts: 12.6 ms, quicksort 39 ms)
-        key.sort(kind="stable")
         return v, c
