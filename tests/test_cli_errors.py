@@ -427,8 +427,9 @@ def test_the_executable_ends_as_an_interpreter_exit_would(tmp_path, args, code):
 
 
 def test_a_reader_that_leaves_is_not_an_error(tmp_path):
-    """`kvsim run | head -1`: the command ends there (as a writer does on a closed pipe) with
-    status 0 and nothing on stderr; rich's Console alone exits with status 1."""
+    """`kvsim run | head -1`: the rest of the output goes nowhere, the run goes on to write its
+    files and exits with status 0, nothing on stderr (rich's Console alone exits with status 1
+    at the second setup line, before the simulation)."""
     import subprocess
     import sys
 
@@ -440,3 +441,27 @@ def test_a_reader_that_leaves_is_not_an_error(tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, err
     assert err == ""
+    assert (tmp_path / "out" / "summary.json").is_file()
+
+
+def test_the_executable_under_a_profiler_or_without_stdout(tmp_path):
+    """Under a profiler the process exits as usual (its output file is written after the module
+    has run); with stdout closed at start (`kvsim run >&-`, sys.stdout is None) the command
+    still ends with status 0."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    run = ["run", "--quiet", "--set", "workload.num_requests=5"]
+    prof = tmp_path / "prof.out"
+    proc = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "simulator", *run,
+                           "--out", str(tmp_path / "a")], capture_output=True, text=True, cwd=root,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert prof.stat().st_size > 0
+    proc = subprocess.run([sys.executable, "-m", "simulator", *run, "--out", str(tmp_path / "b")],
+                          stderr=subprocess.PIPE, text=True, cwd=root, timeout=120,
+                          preexec_fn=lambda: os.close(1))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "" and (tmp_path / "b" / "summary.json").is_file()

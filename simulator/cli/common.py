@@ -34,19 +34,32 @@ def add_worker_args(p: argparse.ArgumentParser) -> None:
 def make_console(stderr: bool = False):
     """A rich Console. On a terminal it follows the terminal's width; piped or logged it is
     PIPE_WIDTH wide and never wraps a plain line (rich's own default there is 80 columns).
-    A reader that leaves (`kvsim run | head`) is a BrokenPipeError, which `kvsim` ends with
-    status 0 (cli/main.py); rich's own Console exits with status 1 there."""
+    A reader that leaves (`kvsim run | head`) is `quiet_on_broken_pipe`: the command goes on."""
     from rich.console import Console
 
     class PipeConsole(Console):
         def on_broken_pipe(self) -> None:
-            self.quiet = True
-            raise BrokenPipeError("the reader of the output left")
+            quiet_on_broken_pipe(self)
 
     stream = sys.stderr if stderr else sys.stdout
     if stream.isatty():
         return PipeConsole(stderr=stderr)
     return PipeConsole(stderr=stderr, width=PIPE_WIDTH, soft_wrap=True)
+
+
+def quiet_on_broken_pipe(console) -> None:
+    """The reader of `console`'s stream left (`kvsim run | head -3`): the console prints
+    nothing more, its stream's descriptor goes to /dev/null (what Python still holds for it is
+    written there) and the command goes on to its end, its files written and its exit status
+    its own. rich's own Console exits with status 1 here, before the command's work is done."""
+    console.quiet = True
+    try:
+        fd = console.file.fileno()
+    except (AttributeError, OSError, ValueError):  # (not a file with a descriptor)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def say(text: str, **kwargs: Any) -> None:

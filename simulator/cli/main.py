@@ -101,13 +101,19 @@ def _end_process(code: int) -> None:
     one, which the end of the process does at once. It was ~70 ms of a W1 `kvsim run`: from
     the command's return to the process's end 0.11-0.13 s, 0.05 s with this (3 runs each).
     mypy ends its command line the same way (mypy.util.hard_exit).
-    NOTE: only where nothing runs after the command (tests call main(), which returns)."""
+    NOTE: only where nothing runs after the command: tests call main(), which returns; under
+    a profiler, a tracer (coverage, a debugger) or `python -i` the process exits as usual, so
+    that what they write or do after the module has run still happens."""
     shutdown, run_exitfuncs = getattr(threading, "_shutdown", None), getattr(atexit, "_run_exitfuncs", None)
-    if shutdown is None or run_exitfuncs is None:  # (another Python: its own exit)
+    if (shutdown is None or run_exitfuncs is None  # (another Python: its own exit)
+            or sys.getprofile() is not None or sys.gettrace() is not None or sys.flags.interactive
+            or "coverage" in sys.modules):
         sys.exit(code)
     shutdown()
     run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # (a descriptor closed when the process started: `kvsim ... >&-`)
+            continue
         try:
             stream.flush()
         except BrokenPipeError:  # `kvsim ... | head`: the reader left, as main treats it

@@ -13,7 +13,13 @@ import argparse
 import time
 from pathlib import Path
 
-from simulator.cli.common import check_out_dir, check_out_file, make_console, rejections_table
+from simulator.cli.common import (
+    check_out_dir,
+    check_out_file,
+    make_console,
+    quiet_on_broken_pipe,
+    rejections_table,
+)
 from simulator.errors import ConfigError
 
 # vLLM CLI flag -> engine field
@@ -106,7 +112,10 @@ def print_setup(out, setup) -> None:
     """The setup lines, flushed at once: a piped or logged long run shows them before it starts."""
     for line in setup.lines():
         out.print(line, highlight=False)
-    out.file.flush()
+    try:
+        out.file.flush()
+    except BrokenPipeError:  # the reader left: the run goes on (common.quiet_on_broken_pipe)
+        quiet_on_broken_pipe(out)
 
 
 def main(args: argparse.Namespace) -> int:
