@@ -511,3 +511,32 @@ def test_record_many_equals_record_steps():
     assert [len(v) for v in a._gap_values] == [len(v) for v in b._gap_values]
     for x, y in zip(a.token_gaps(), b.token_gaps()):
         assert np.array_equal(x, y)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_few_block_events_are_the_grids(seed):
+    """A run through finishes finds the block events of a few requests in Python
+    (scheduler._few_block_events): the same (slot, step) arrays, in (step, slot) order, as
+    _decode_block_events' numpy grid, for any capacities, horizons and block sizes."""
+    from helpers import make_scheduler
+
+    from simulator.engine.scheduling.scheduler import _few_block_events
+    from simulator.workload.request import Request
+
+    rng = np.random.default_rng(seed)
+    for _ in range(300):
+        bs = int(rng.choice([1, 2, 4, 16]))
+        m = int(rng.integers(1, 9))
+        sched = make_scheduler(num_blocks=4096, block_size=bs, max_num_seqs=16)
+        rb = sched.running
+        computed = rng.integers(1, 200, m)
+        capacity = (-(-computed // bs) + rng.integers(0, 2, m)) * bs  # >= computed, whole blocks
+        left = rng.integers(1, 60, m)
+        for i in range(m):
+            rb.append(Request(i, 0.0, 10, 10), int(computed[i]), int(capacity[i]))
+        horizon = int(rng.integers(1, 70))
+        _, want_i, want_j = sched._decode_block_events(horizon, None, np.minimum(left, horizon))
+        got_i, got_j = _few_block_events(left.tolist(), computed.tolist(), capacity.tolist(),
+                                         horizon, bs)
+        assert got_i.dtype == want_i.dtype == np.int64
+        assert got_i.tolist() == want_i.tolist() and got_j.tolist() == want_j.tolist()

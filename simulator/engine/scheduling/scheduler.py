@@ -68,6 +68,10 @@ _NO_EVENTS = np.zeros(0, np.int64)  # a run whose steps take no block (never wri
 # and the scheduled's reach over numpy beyond (~4 us whatever the count; 250 unscheduled in
 # Python took 31 us)
 _PY_SUM_MAX = 16
+# a run through finishes finds its block events in Python (`_few_block_events`) when its
+# requests can take at most this many blocks (m x (horizon // block_size + 1)): W4's runs
+# (~8 requests, ~40 steps, blocks of 16), where _decode_block_events' ~10 numpy calls cost more
+_PY_EVENTS_MAX = 64
 
 if TYPE_CHECKING:
     from simulator.engine.kvcache.offload import OffloadConnector
@@ -85,6 +89,26 @@ _sum = np.add.reduce
 _accumulate = np.add.accumulate
 _subtract = np.subtract
 
+
+
+def _few_block_events(left: list[int], computed: list[int], capacity: list[int], horizon: int,
+                      block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Scheduler._decode_block_events(horizon, None, min(left, horizon)) for a few requests, in
+    Python: request i takes a block at steps capacity_i - computed_i + q block_size < min(left_i,
+    horizon); the (slot, step) pairs in (step, slot) order as the same int64 arrays."""
+    m = len(left)
+    keys = []
+    for i, (n, c, cap) in enumerate(zip(left, computed, capacity)):
+        h = n if n < horizon else horizon
+        j = cap - c
+        while j < h:
+            keys.append(j * m + i)
+            j += block_size
+    if not keys:
+        return _NO_EVENTS, _NO_EVENTS
+    keys.sort()
+    ev_j, ev_i = np.divmod(np.array(keys, np.int64), m)
+    return ev_i, ev_j
 
 @dataclass(slots=True)
 class _InFlight:
@@ -1011,8 +1035,13 @@ class Scheduler:
         horizon = min(ends[-1], max_steps, self._steps_before(t, until_s, run_times))
         c = rb.computed[:m0]
         cap = rb.capacity[:m0]
+        c_list = c.tolist()
+        cap_list = cap.tolist()
         # 1. request i takes a block at steps j0_i + q bs < min(L_i, horizon), no room cut here
-        _, ev_i, ev_j = self._decode_block_events(horizon, None, np.minimum(left, horizon))
+        if m0 * (horizon // bs + 1) <= _PY_EVENTS_MAX:
+            ev_i, ev_j = _few_block_events(left_list, c_list, cap_list, horizon, bs)
+        else:
+            _, ev_i, ev_j = self._decode_block_events(horizon, None, np.minimum(left, horizon))
         freed_at: dict[int, int] = {}  # L -> the blocks its finishing step frees (made when needed)
 
         def freed(n: int) -> int:
@@ -1022,8 +1051,7 @@ class Scheduler:
                 for q, h in zip(left_list, (cap // bs + np.bincount(ev_i, minlength=m0)).tolist()):
                     freed_at[q] = freed_at.get(q, 0) + h
             return freed_at[n]
-        c_list = c.tolist()
-        cap_sum = sum(cap.tolist())
+        cap_sum = sum(cap_list)
         # 2. segment by segment: m_s = #(L > a), C_s = their computed (in L order: m0 is small)
         by_left = sorted(zip(left_list, c_list))
         c_total = c_left = sum(c_list)
