@@ -51,6 +51,7 @@ from simulator.engine.protocols import (
 )
 from simulator.engine.scheduling.queues.fcfs import FCFS
 from simulator.engine.scheduling.running import (
+    CAPACITY,
     COMPUTED,
     NUM_OUT,
     PH,
@@ -980,9 +981,11 @@ class Scheduler:
         # what the loop records for the step: its Batch (_summarise_prompts') and the stats
         # after its commit
         batch = Batch(shape, 1, num_new, 0, 0, 1, None, [], self._admitted)
-        stats = self.stats()
+        counts = rb.cols[COMPUTED:CAPACITY + 1:CAPACITY - COMPUTED, :rb.m].tolist()  # (computed, capacity)
+        stats = self.stats((sum(counts[0]), sum(counts[1])))
         run = None if alone else self._decode_run_through(now, until_s, run_times, max_steps,
-                                                          straddle, kv.decode_room(), end, stats.kv)
+                                                          straddle, kv.decode_room(), end, stats.kv,
+                                                          counts)
         if run is None:  # the prompt step alone
             run = DecodeRun(delay, np.array([now, end]), [], straddles=alone)
         run.prompt = (now, duration, batch, stats)
@@ -991,7 +994,8 @@ class Scheduler:
 
     def _decode_run_through(self, now: float, until_s: float, run_times: Callable[..., np.ndarray],
                             max_steps: int, straddle: bool, room: int, start: float | None = None,
-                            stats0: KVStats | None = None) -> DecodeRun | None:
+                            stats0: KVStats | None = None, counts: list[list[int]] | None = None
+                            ) -> DecodeRun | None:
         """decode_run (sync) where the run goes on past every finish (`_runs_past_finish`) and the
         blocks a finish frees are room like any other (the KV manager's `decode_run_frees`):
         the run's segments (the steps between two finishing steps) found and applied in one
@@ -1015,7 +1019,8 @@ class Scheduler:
            block taken adds bs to both, a finish takes its blocks from both).
         `start`: the first step's start when the run began earlier (`_prompt_then_run`: after
         its prompt step; `now` is the run's start, what its SimPy delay counts from);
-        `stats0`: the KV stats now, where the caller has them."""
+        `stats0`: the KV stats now, where the caller has them; `counts`: the running requests'
+        computed tokens and KV capacities now, as two lists, where the caller has them."""
         rb = self.running
         kv = self.kv
         m0 = rb.m
@@ -1033,10 +1038,9 @@ class Scheduler:
         # exact: the next one goes on from its end; this keeps the block grid to the ~k steps
         # a run takes before the next arrival, not the longest output left)
         horizon = min(ends[-1], max_steps, self._steps_before(t, until_s, run_times))
-        c = rb.computed[:m0]
-        cap = rb.capacity[:m0]
-        c_list = c.tolist()
-        cap_list = cap.tolist()
+        if counts is None:
+            counts = rb.cols[COMPUTED:CAPACITY + 1:CAPACITY - COMPUTED, :m0].tolist()
+        c_list, cap_list = counts
         # 1. request i takes a block at steps j0_i + q bs < min(L_i, horizon), no room cut here
         if m0 * (horizon // bs + 1) <= _PY_EVENTS_MAX:
             ev_i, ev_j = _few_block_events(left_list, c_list, cap_list, horizon, bs)
@@ -1048,8 +1052,8 @@ class Scheduler:
             """Blocks the finishers with L == n free: their own plus those they take in the run
             (all before their finish)."""
             if not freed_at:
-                for q, h in zip(left_list, (cap // bs + np.bincount(ev_i, minlength=m0)).tolist()):
-                    freed_at[q] = freed_at.get(q, 0) + h
+                for q, x, taken in zip(left_list, cap_list, np.bincount(ev_i, minlength=m0).tolist()):
+                    freed_at[q] = freed_at.get(q, 0) + x // bs + taken
             return freed_at[n]
         cap_sum = sum(cap_list)
         # 2. segment by segment: m_s = #(L > a), C_s = their computed (in L order: m0 is small)
@@ -1595,14 +1599,16 @@ class Scheduler:
             "swap_s": None if self.swap is None else _ZERO_S,
             "kv_external_frag_slots": None if frag is None else np.asarray(frag)[()]}
 
-    def stats(self) -> SchedulerStats:
+    def stats(self, sums: tuple[int, int] | None = None) -> SchedulerStats:
+        """`sums`: (sum of computed tokens, sum of KV capacity) of the running requests, where
+        the caller has them (else one dot product here)."""
         rb = self.running
         m = len(rb.reqs)
         kv = self.kv.stats()
         # KV slots holding token states: the allocated slots less each running request's unused
         # tail (capacity - computed). Shared prefix blocks are full and counted once, unlike a
         # sum of computed tokens.
-        computed, capacity = rb.computed_and_capacity(m)
+        computed, capacity = rb.computed_and_capacity(m) if sums is None else sums
         stored = kv.used_slots - (capacity - computed)
         swap = None if self.swap is None else self.swap.stats()
         return SchedulerStats(m, self.num_waiting(), stored, kv,
