@@ -181,3 +181,69 @@ def test_running_batch_departures_shift_every_column_and_bump_the_version():
         assert rb.capacity[:m].tolist() == [16 * r.req_id for r in live]
         assert rb.target_out[:m].tolist() == [r.output_tokens for r in live]
         assert (rb.ones == 1).all()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_slots_now_follows_departures(seed):
+    """RunningBatch.slots_now: requests at some slots of an earlier version are found where they
+    are now (or known gone) through the departures since - removals, compressions, with appends
+    in between - as a lookup by req_id finds them; None once more departures happened than are
+    kept."""
+    from simulator.engine.scheduling import running as running_mod
+    from simulator.engine.scheduling.running import RunningBatch
+    from simulator.workload.request import Request
+
+    rng = np.random.default_rng(seed)
+    rb = RunningBatch(64, async_scheduling=True)
+    next_id = 0
+    snaps = []  # (version, slots, their req_ids then)
+    for _ in range(400):
+        m = rb.m
+        op = rng.random()
+        if m < 3 or op < 0.45:
+            rb.append(Request(next_id, 0.0, 10, 10), 0, 16)
+            next_id += 1
+        elif op < 0.7:
+            rb.remove(int(rng.integers(0, m)))
+        elif op < 0.85:
+            rb.remove_slots(sorted(rng.choice(m, size=int(rng.integers(1, min(m, 4) + 1)),
+                                              replace=False).tolist()))
+        else:
+            keep = rng.random(m) < 0.7
+            rb.compress(keep)
+        m = rb.m
+        if m:
+            slots = np.sort(rng.choice(m, size=int(rng.integers(1, m + 1)), replace=False))
+            snaps.append((rb.version, slots, [rb.reqs[i].req_id for i in slots.tolist()]))
+        ids_now = {r.req_id: i for i, r in enumerate(rb.reqs)}
+        for version, slots, ids in snaps[-100:]:
+            got = rb.slots_now(version, slots)
+            if rb.version - version > running_mod._DEPARTURES:
+                assert got is None
+                continue
+            if version == rb.version:
+                continue
+            assert got is not None
+            at, alive = got
+            assert alive.tolist() == [i in ids_now for i in ids]
+            assert at[alive].tolist() == [ids_now[i] for i in ids if i in ids_now]
+
+
+
+def test_async_commit_by_req_id_when_departures_are_not_kept(monkeypatch):
+    """The async commit finds a step's samplers through the departures since it was scheduled;
+    with none kept it looks them up by req_id instead: the same run (preemptions under a small
+    pool, finishes, stale outputs)."""
+    from simulator.config.schema import build_config
+    from simulator.engine.run import run
+    from simulator.engine.scheduling import running as running_mod
+
+    cfg = build_config(overrides=["engine.max_model_len=4096", "engine.queue_policy=priority",
+                                  "engine.num_gpu_blocks_override=300", "workload.arrival.rate=30",
+                                  "workload.num_requests=150", "engine.async_scheduling=true"])
+    want = run(cfg)
+    monkeypatch.setattr(running_mod, "_DEPARTURES", 0)
+    got = run(cfg)
+    assert want.summary["preemptions"]["total"] > 0
+    assert got.summary == want.summary
+    assert got.requests.equals(want.requests)

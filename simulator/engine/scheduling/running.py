@@ -15,14 +15,20 @@ one numpy call; row 0 is all ones, so `cols[:3, :m] @ cols[:3, :m].T` holds ever
 summary needs (m, sum c, sum n, c @ n, n @ n) in one call, and tokens / num_out / ph (rows 3-5)
 advance together by a row-block add.
 `version` counts departures only: an append leaves every other request in its slot, so a slot
-taken at one step still names the same request later while the version is unchanged.
+taken at one step still names the same request later while the version is unchanged. The last
+departures are kept (`departures`: the version each made and the slots it took), so a slot
+taken at an earlier version is followed to where it is now (`slots_now`).
 """
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from simulator.workload.request import Request
+
+_DEPARTURES = 32  # departures RunningBatch keeps (a step in flight sees one or two)
 
 # rows of RunningBatch.cols; ONE is all ones; TOKENS:PH + 1 is the block a step's samplers advance
 ONE, COMPUTED, N, TOKENS, NUM_OUT, PH, TARGET_OUT, CAPACITY, HASHED, IDS = range(10)
@@ -32,6 +38,8 @@ class RunningBatch:
     def __init__(self, max_num_seqs: int, async_scheduling: bool = False) -> None:
         self.reqs: list[Request] = []
         self.version = 0  # bumped whenever a request leaves (the slots after it shift)
+        # (version made, slots taken: one int, or an ascending array), the last _DEPARTURES
+        self.departures: deque[tuple[int, int | np.ndarray]] = deque(maxlen=_DEPARTURES)
         self.cols = cols = np.zeros((10, max_num_seqs), np.int64)
         cols[ONE] = 1
         self.ones = cols[ONE]  # never written
@@ -74,6 +82,7 @@ class RunningBatch:
         # a new list (not popped in place): a step in flight keeps the list it was scheduled from
         self.reqs = self.reqs[:i] + self.reqs[i + 1:]
         self.version += 1
+        self.departures.append((self.version, int(i)))
 
     def remove_slots(self, slots: list[int]) -> None:
         """The requests at `slots` (ascending) leave, the others keep their order."""
@@ -82,7 +91,7 @@ class RunningBatch:
             return
         keep = np.ones(len(self.reqs), bool)
         keep[slots] = False
-        self.compress(keep)
+        self.compress(keep, np.array(slots))
 
     def computed_and_capacity(self, m: int) -> tuple[int, int]:
         """(sum of computed tokens, sum of KV capacity) over the first m requests: one dot
@@ -90,7 +99,9 @@ class RunningBatch:
         sums = self.cols[COMPUTED:CAPACITY + 1:CAPACITY - COMPUTED, :m] @ self.ones[:m]
         return sums.item(0), sums.item(1)
 
-    def compress(self, keep: np.ndarray) -> None:
+    def compress(self, keep: np.ndarray, gone: np.ndarray | None = None) -> None:
+        """Keep the requests where `keep` is True, in order (`gone`: the others' slots,
+        ascending, where the caller has them)."""
         at = keep.nonzero()[0]
         k = len(at)
         cols = self.cols
@@ -99,3 +110,28 @@ class RunningBatch:
         reqs = self.reqs
         self.reqs = [reqs[i] for i in at.tolist()]
         self.version += 1
+        self.departures.append((self.version, (~keep).nonzero()[0] if gone is None else gone))
+
+    def slots_now(self, version: int, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Where the requests at `slots` at `version` are now, and which of them are still
+        running: each departure since moved those after it down by the number it took (only
+        departures move a request: an append joins the end). None where the departures since
+        are no longer all kept."""
+        deps = self.departures
+        if not deps or deps[0][0] > version + 1:
+            return None
+        alive = None
+        for made, gone in deps:
+            if made <= version:
+                continue
+            if type(gone) is int:  # (one left: the common case)
+                out = slots == gone
+                slots = slots - (slots > gone)
+            elif len(gone):
+                below = gone.searchsorted(slots)
+                out = gone[np.minimum(below, len(gone) - 1)] == slots
+                slots = slots - below
+            else:  # (a compression that kept everyone)
+                continue
+            alive = ~out if alive is None else alive & ~out
+        return slots, np.ones(len(slots), bool) if alive is None else alive

@@ -120,7 +120,6 @@ class _InFlight:
     reqs: list[Request]
     reach: np.ndarray | None  # None: no prefix caching (only the late hashing reads it)
     version: int
-    ids: np.ndarray  # req_id of every running request then (slot order)
 
 
 class Scheduler:
@@ -147,7 +146,6 @@ class Scheduler:
         # docstring, "Async scheduling"); continuous, chunked, recompute only (schema.py)
         self.async_scheduling = async_scheduling
         self._inflight: deque[_InFlight] = deque()  # async: scheduled steps not yet committed
-        self._ids: tuple[int, np.ndarray] | None = None  # async: (version, ids of the running) (_launch)
         self._finishing: set[int] = set()  # async: preempted with their last token in flight
         self.running = RunningBatch(max_num_seqs, async_scheduling)
         self._ones = self.running.ones  # sums as dot products (exact, cheaper than reductions)
@@ -618,13 +616,7 @@ class Scheduler:
         idx = sampled.nonzero()[0]
         # the running list as it is now (RunningBatch never changes a list in place but to append):
         # the samplers are reqs[idx] should the batch change before the commit
-        ids = self._ids
-        if ids is None or ids[0] != rb.version or len(ids[1]) != m:
-            # NOTE: the ids of slots 0..m-1 change only when a request leaves (the version) or
-            # joins (m): one copy serves every step in between (never written, only read)
-            ids = self._ids = (rb.version, rb.ids[:m].copy())
-        self._inflight.append(_InFlight(idx, rb.reqs, reach[idx] if caching else None, rb.version,
-                                        ids[1]))
+        self._inflight.append(_InFlight(idx, rb.reqs, reach[idx] if caching else None, rb.version))
 
     def commit(self, now: float) -> list[Request]:
         """Apply the step that just ran: advance tokens, sample, finish. Returns finished."""
@@ -739,11 +731,13 @@ class Scheduler:
         idx = fl.idx
         fl_reach = fl.reach
         if fl.version != rb.version and len(idx):  # 1.
-            # by req_id over numpy (no Python loop over the batch): their slots now, in the
-            # step's sampler order; ids no longer running are stale
-            m = len(rb.reqs)
-            old = fl.ids[idx]
-            if m:
+            # their slots now, in the step's sampler order, and whether they still run: through
+            # the departures since (RunningBatch.slots_now), else by req_id over numpy
+            moved = rb.slots_now(fl.version, idx)
+            if moved is not None:
+                at, hit = moved
+            elif m := len(rb.reqs):
+                old = np.array([fl.reqs[i].req_id for i in idx.tolist()], np.int64)
                 cur = rb.ids[:m]
                 sorter = cur.argsort()
                 at = sorter[np.minimum(cur.searchsorted(old, sorter=sorter), m - 1)]
@@ -1429,8 +1423,7 @@ class Scheduler:
             self._gaps = None
             return DecodeRun(delay, self._run_starts(all_starts), parts, None, 0.0, True, straddled)
         # the step left in flight: every running request samples (the record X's commit reads)
-        self._inflight[0] = _InFlight(np.arange(m), list(rb.reqs), rb.computed[:m].copy(), rb.version,
-                                      rb.ids[:m].copy())
+        self._inflight[0] = _InFlight(np.arange(m), list(rb.reqs), rb.computed[:m].copy(), rb.version)
         nxt = Batch(shape, m, 0, m, 0, 0, None, [], [])
         return DecodeRun(delay, self._run_starts(all_starts), parts, nxt, d_inflight, True, straddled)
 
