@@ -38,7 +38,8 @@ class RunningBatch:
     def __init__(self, max_num_seqs: int, async_scheduling: bool = False) -> None:
         self.reqs: list[Request] = []
         self.version = 0  # bumped whenever a request leaves (the slots after it shift)
-        # (version made, slots taken: one int, or an ascending array), the last _DEPARTURES
+        # async: (version made, slots taken: one int, or an ascending array), the last _DEPARTURES
+        # (only an async commit reads them)
         self.departures: deque[tuple[int, int | np.ndarray]] = deque(maxlen=_DEPARTURES)
         self.cols = cols = np.zeros((10, max_num_seqs), np.int64)
         cols[ONE] = 1
@@ -82,7 +83,8 @@ class RunningBatch:
         # a new list (not popped in place): a step in flight keeps the list it was scheduled from
         self.reqs = self.reqs[:i] + self.reqs[i + 1:]
         self.version += 1
-        self.departures.append((self.version, int(i)))
+        if self.async_scheduling:
+            self.departures.append((self.version, int(i)))
 
     def remove_slots(self, slots: list[int]) -> None:
         """The requests at `slots` (ascending) leave, the others keep their order."""
@@ -91,7 +93,7 @@ class RunningBatch:
             return
         keep = np.ones(len(self.reqs), bool)
         keep[slots] = False
-        self.compress(keep, np.array(slots))
+        self.compress(keep, np.array(slots) if self.async_scheduling else None)
 
     def computed_and_capacity(self, m: int) -> tuple[int, int]:
         """(sum of computed tokens, sum of KV capacity) over the first m requests: one dot
@@ -110,7 +112,8 @@ class RunningBatch:
         reqs = self.reqs
         self.reqs = [reqs[i] for i in at.tolist()]
         self.version += 1
-        self.departures.append((self.version, (~keep).nonzero()[0] if gone is None else gone))
+        if self.async_scheduling:
+            self.departures.append((self.version, (~keep).nonzero()[0] if gone is None else gone))
 
     def slots_now(self, version: int, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """Where the requests at `slots` at `version` are now, and which of them are still
