@@ -91,7 +91,6 @@ _accumulate = np.add.accumulate
 _subtract = np.subtract
 
 
-
 def _few_block_events(left: list[int], computed: list[int], capacity: list[int], horizon: int,
                       block_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Scheduler._decode_block_events(horizon, None, min(left, horizon)) for a few requests, in
@@ -110,6 +109,7 @@ def _few_block_events(left: list[int], computed: list[int], capacity: list[int],
     keys.sort()
     ev_j, ev_i = np.divmod(np.array(keys, np.int64), m)
     return ev_i, ev_j
+
 
 @dataclass(slots=True)
 class _InFlight:
