@@ -53,8 +53,14 @@ def quiet_on_broken_pipe(console) -> None:
     written there) and the command goes on to its end, its files written and its exit status
     its own. rich's own Console exits with status 1 here, before the command's work is done."""
     console.quiet = True
+    to_devnull(console.file)
+
+
+def to_devnull(stream) -> None:
+    """`stream`'s file descriptor now writes to /dev/null (its reader left: what is still
+    written or flushed to it raises no second error); nothing for a stream without one."""
     try:
-        fd = console.file.fileno()
+        fd = stream.fileno()
     except (AttributeError, OSError, ValueError):  # (not a file with a descriptor)
         return
     devnull = os.open(os.devnull, os.O_WRONLY)

@@ -32,6 +32,7 @@ _DEPARTURES = 32  # departures RunningBatch keeps (a step in flight sees one or 
 
 # rows of RunningBatch.cols; ONE is all ones; TOKENS:PH + 1 is the block a step's samplers advance
 ONE, COMPUTED, N, TOKENS, NUM_OUT, PH, TARGET_OUT, CAPACITY, HASHED, IDS = range(10)
+_COMPUTED_CAPACITY = slice(COMPUTED, CAPACITY + 1, CAPACITY - COMPUTED)  # the two rows, one view
 
 
 class RunningBatch:
@@ -93,17 +94,20 @@ class RunningBatch:
             return
         keep = np.ones(len(self.reqs), bool)
         keep[slots] = False
-        self.compress(keep, np.array(slots) if self.async_scheduling else None)
+        self.compress(keep)
 
     def computed_and_capacity(self, m: int) -> tuple[int, int]:
         """(sum of computed tokens, sum of KV capacity) over the first m requests: one dot
         product of the two rows (exact integers)."""
-        sums = self.cols[COMPUTED:CAPACITY + 1:CAPACITY - COMPUTED, :m] @ self.ones[:m]
+        sums = self.cols[_COMPUTED_CAPACITY, :m] @ self.ones[:m]
         return sums.item(0), sums.item(1)
 
-    def compress(self, keep: np.ndarray, gone: np.ndarray | None = None) -> None:
-        """Keep the requests where `keep` is True, in order (`gone`: the others' slots,
-        ascending, where the caller has them)."""
+    def computed_and_capacity_lists(self, m: int) -> list[list[int]]:
+        """[computed tokens, KV capacities] of the first m requests, as two lists (one call)."""
+        return self.cols[_COMPUTED_CAPACITY, :m].tolist()
+
+    def compress(self, keep: np.ndarray) -> None:
+        """Keep the requests where `keep` is True, in order."""
         at = keep.nonzero()[0]
         k = len(at)
         cols = self.cols
@@ -113,7 +117,7 @@ class RunningBatch:
         self.reqs = [reqs[i] for i in at.tolist()]
         self.version += 1
         if self.async_scheduling:
-            self.departures.append((self.version, (~keep).nonzero()[0] if gone is None else gone))
+            self.departures.append((self.version, (~keep).nonzero()[0]))
 
     def slots_now(self, version: int, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """Where the requests at `slots` at `version` are now, and which of them are still

@@ -51,7 +51,6 @@ from simulator.engine.protocols import (
 )
 from simulator.engine.scheduling.queues.fcfs import FCFS
 from simulator.engine.scheduling.running import (
-    CAPACITY,
     COMPUTED,
     NUM_OUT,
     PH,
@@ -975,7 +974,7 @@ class Scheduler:
         # what the loop records for the step: its Batch (_summarise_prompts') and the stats
         # after its commit
         batch = Batch(shape, 1, num_new, 0, 0, 1, None, [], self._admitted)
-        counts = rb.cols[COMPUTED:CAPACITY + 1:CAPACITY - COMPUTED, :rb.m].tolist()  # (computed, capacity)
+        counts = rb.computed_and_capacity_lists(rb.m)
         stats = self.stats((sum(counts[0]), sum(counts[1])))
         run = None if alone else self._decode_run_through(now, until_s, run_times, max_steps,
                                                           straddle, kv.decode_room(), end, stats.kv,
@@ -1033,7 +1032,7 @@ class Scheduler:
         # a run takes before the next arrival, not the longest output left)
         horizon = min(ends[-1], max_steps, self._steps_before(t, until_s, run_times))
         if counts is None:
-            counts = rb.cols[COMPUTED:CAPACITY + 1:CAPACITY - COMPUTED, :m0].tolist()
+            counts = rb.computed_and_capacity_lists(m0)
         c_list, cap_list = counts
         # 1. request i takes a block at steps j0_i + q bs < min(L_i, horizon), no room cut here
         if m0 * (horizon // bs + 1) <= _PY_EVENTS_MAX:
