@@ -24,14 +24,17 @@ TIERS = ('{by: prompt_tokens, tiers: [{name: short, max_prompt_tokens: 300, max_
          ' {name: long}]}')
 
 
-def _outputs(overrides: list[str], advance: str, out: Path) -> tuple[dict[str, bytes], list]:
+def _outputs(overrides: list[str], advance: str, out: Path, traced: bool = True
+             ) -> tuple[dict[str, bytes], list]:
+    """The run's files and its step trace (`traced` False: no trace, so a replica alone may
+    admit the arrivals ahead in spans, scheduling/span.py)."""
     config = build_config(None, [*overrides, f"engine.advance={advance}"])
-    trace = StepTrace()
+    trace = StepTrace() if traced else None
     res = run(config, trace=trace)
     res.write(out)
     files = {name: (out / name).read_bytes()
              for name in ("summary.json", "requests.parquet", "iterations.parquet")}
-    return files, trace.rows
+    return files, [] if trace is None else trace.rows
 
 
 scenario = st.fixed_dictionaries({
@@ -88,23 +91,26 @@ def _check_identical(s) -> None:
         except ConfigError:
             return  # a combination the config rejects (same for both modes)
         event, event_trace = _outputs(overrides, "event", Path(tmp) / "event")
+        untraced, _ = _outputs(overrides, "event", Path(tmp) / "untraced", traced=False)
     for name in step:
         assert event[name] == step[name], (name, overrides)
+        assert untraced[name] == step[name], (name, "untraced", overrides)
     assert event_trace == step_trace, overrides
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
-@given(scenario)
-def test_event_level_advance_gives_byte_identical_outputs(s):
-    _check_identical(s)
+def _over(strategy, check, examples: int):
+    """A test of `check` over `examples` scenarios drawn from `strategy`."""
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def test(s):
+        check(s)
+    return test
 
 
-@pytest.mark.slow
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-@given(scenario)
-def test_event_level_advance_gives_byte_identical_outputs_many(s):
-    """The same check over more scenarios (CI runs it: -m slow)."""
-    _check_identical(s)
+test_event_level_advance_gives_byte_identical_outputs = _over(scenario, _check_identical, 8)
+# the same check over more scenarios (CI runs it: -m slow)
+test_event_level_advance_gives_byte_identical_outputs_many = pytest.mark.slow(
+    _over(scenario, _check_identical, 60))
 
 
 @pytest.mark.parametrize("mode", [
@@ -143,18 +149,32 @@ def _same_as_step(overrides: list[str]) -> list:
     with tempfile.TemporaryDirectory() as tmp:
         step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
         event, trace_e = _outputs(overrides, "event", Path(tmp) / "e")
+        untraced, _ = _outputs(overrides, "event", Path(tmp) / "u", traced=False)
     assert event == step
+    assert untraced == step
     assert trace_e == trace_s
     return trace_s
 
 
-def _run_counting(overrides: list[str]) -> dict[str, int]:
+def _run_counting(overrides: list[str], traced: bool = True) -> dict[str, int]:
     """One event-level run, counting its loop steps, decode runs and the finishes inside them;
-    of those, the runs taken through finishes in one pass (their segments and finishes) and
-    the runs that opened with a prompt step (and those that were that step alone)."""
+    of those, the runs taken through finishes in one pass (their segments and finishes), the
+    runs that opened with a prompt step (and those that were that step alone) and the spans
+    (scheduling/span.py: only untraced, `traced` False) with the arrivals they admitted."""
     import simulator.engine.scheduling.scheduler as sched_mod
     counts = dict.fromkeys(("loop", "runs", "run_steps", "finished_in_runs", "through", "segments",
-                            "finished_in_through", "prompt_runs", "prompt_alone"), 0)
+                            "finished_in_through", "prompt_runs", "prompt_alone", "spans",
+                            "span_taken", "span_steps"), 0)
+    span_run = sched_mod.span_run
+
+    def counting_span(*a, **k):
+        r = span_run(*a, **k)
+        if r is not None:
+            counts["spans"] += 1
+            counts["span_taken"] += r.taken
+            counts["span_steps"] += len(r.starts) - 1
+        return r
+    sched_mod.span_run = counting_span
     cls = sched_mod.Scheduler
     originals = {name: getattr(cls, name)
                  for name in ("decode_run", "schedule", "_decode_run_through", "_prompt_then_run")}
@@ -191,8 +211,10 @@ def _run_counting(overrides: list[str]) -> dict[str, int]:
     for name, f in wrappers.items():
         setattr(cls, name, f)
     try:
-        res = run(build_config(None, [*overrides, "engine.advance=event"]))
+        res = run(build_config(None, [*overrides, "engine.advance=event"]),
+                  trace=StepTrace() if traced else None)
     finally:
+        sched_mod.span_run = span_run
         for name, f in originals.items():
             setattr(cls, name, f)
     counts["finished"] = res.summary["requests"]["finished"]
@@ -328,6 +350,78 @@ def test_runs_through_finishes_and_prompt_openers(mode):
         assert counts["prompt_runs"] >= 0.5 * admissions, (counts, admissions)
     if "workload.arrival.rate=1.0" in mode:
         assert counts["prompt_alone"] > 0, counts  # an arrival during the prompt step
+
+
+W4 = ["model=llama-2-7b", "gpu=a100-80gb", "engine.enable_chunked_prefill=false",
+      "engine.enable_prefix_caching=false", "engine.max_num_batched_tokens=4096",
+      "engine.max_model_len=4096", "workload.num_requests=200",
+      "workload.prompt_tokens={dist: lognormal, mean: 1500, cv: 0.8, max: 3500}",
+      "workload.output_tokens={dist: lognormal, mean: 150, cv: 1.0, max: 500}"]
+
+
+@pytest.mark.parametrize("mode", [
+    # W4's load: spans admit most arrivals themselves
+    ["workload.arrival.rate=1.4"],
+    # light: the batch often empties before the next arrival (a span ends, the replica idles)
+    ["workload.arrival.rate=0.3"],
+    # heavy: arrivals during prompt steps (prompt steps back to back) and two in one step
+    ["workload.arrival.rate=6"],
+    # a small pool: prompts that do not fit, needs the free queue cannot give (preemptions)
+    ["workload.arrival.rate=2", "engine.num_gpu_blocks_override=500"],
+    # requests the replica rejects at arrival (prompt + output > max_model_len): a span ends
+    # before one
+    ["workload.arrival.rate=1.4", "engine.max_model_len=1200"],
+    # the sequence cap: a prompt step may not admit past max_num_seqs
+    ["workload.arrival.rate=3", "engine.max_num_seqs=4"],
+    # a span cut where the free queue runs out, the next request arriving during its last step
+    ["workload.arrival.rate=2", "engine.num_gpu_blocks_override=300", "seed=1",
+     "workload.output_tokens={dist: uniform, low: 200, high: 600}", "workload.num_requests=120"],
+])
+def test_spans_admit_the_arrivals_ahead(mode):
+    """A replica alone, untraced, sync prefill-first: runs admit the arrivals ahead themselves
+    (scheduling/span.py), with outputs byte-identical to the step loop's; the spans are taken
+    (where the load allows, most arrivals are admitted by a span, not submitted by the feed)."""
+    overrides = [*W4, *mode]
+    with tempfile.TemporaryDirectory() as tmp:
+        step, _ = _outputs(overrides, "step", Path(tmp) / "s")
+        event, _ = _outputs(overrides, "event", Path(tmp) / "e", traced=False)
+    for name in step:
+        assert event[name] == step[name], (name, mode)
+    counts = _run_counting(overrides, traced=False)
+    assert counts["spans"] > 0, counts
+    if mode == ["workload.arrival.rate=1.4"]:
+        assert counts["span_taken"] >= 0.5 * 200, counts
+
+
+span_scenario = st.fixed_dictionaries({
+    "rate": st.sampled_from([0.5, 1.4, 3.0, 8.0]),
+    "blocks": st.sampled_from([None, 400, 900]),
+    "max_num_seqs": st.sampled_from([256, 6]),
+    "max_model_len": st.sampled_from([4096, 1500]),
+    "output": st.sampled_from(["{dist: lognormal, mean: 150, cv: 1.0, max: 500}",
+                               "{dist: uniform, low: 2, high: 40}"]),
+    "seed": st.integers(0, 5),
+})
+
+
+def _check_span(s: dict) -> None:
+    overrides = [*W4, f"workload.arrival.rate={s['rate']}", f"seed={s['seed']}",
+                 f"engine.max_num_seqs={s['max_num_seqs']}", f"engine.max_model_len={s['max_model_len']}",
+                 f"workload.output_tokens={s['output']}", "workload.num_requests=120"]
+    if s["blocks"] is not None:
+        overrides.append(f"engine.num_gpu_blocks_override={s['blocks']}")
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            step, _ = _outputs(overrides, "step", Path(tmp) / "s")
+        except ConfigError:
+            return
+        event, _ = _outputs(overrides, "event", Path(tmp) / "e", traced=False)
+    for name in step:
+        assert event[name] == step[name], (name, overrides)
+
+
+test_spans_give_byte_identical_outputs = _over(span_scenario, _check_span, 6)
+test_spans_give_byte_identical_outputs_many = pytest.mark.slow(_over(span_scenario, _check_span, 60))
 
 
 def test_a_traced_empty_step_is_committed_in_the_trace():

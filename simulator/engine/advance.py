@@ -33,9 +33,41 @@ from simulator.engine.costmodel import CostModel, StepShape
 class ArrivalClock:
     """When the next arrival will be submitted (inf: none left); feed_arrivals keeps it. A
     decode run ends strictly before it, so routers and queues see every replica exactly as
-    step by step."""
+    step by step. `ahead`: the arrivals a replica alone may admit itself (a span, below)."""
 
     next_s: float = math.inf
+    ahead: Lookahead | None = None
+
+
+class Lookahead:
+    """The arrivals ahead of a replica alone (no router reads its state when one comes, and it
+    is traced by nobody), which a sync prefill-first run may admit itself instead of the feed
+    submitting them (scheduling/span.py: each one's prompt step and the decode steps after it
+    in one pass). feed_arrivals and the span share it:
+    - `next_i`: the next arrival the feed submits; a span that admits arrivals next_i..j sets
+      it to j + 1, and the feed, woken at arrival next_i's time, goes on from j + 1;
+    - `last_f`: the SimPy time of the last arrival submitted or admitted, from which the feed's
+      next timeout lands where the step loop's would (its time as SimPy adds the delays);
+    - `make(i)`: request i as the feed makes it; `accept(req)`: whether the replica would take
+      it (not rejected at arrival), set by the replica."""
+
+    __slots__ = ("times", "make", "accept", "next_i", "last_f")
+
+    def __init__(self, times: list[float], make: Callable[[int], Any]) -> None:
+        self.times = times
+        self.make = make
+        self.accept: Callable[[Any], bool] = _accept_all
+        self.next_i = 0
+        self.last_f = 0.0
+
+    def landing(self, last_f: float, t: float) -> float:
+        """Where the feed's timeout for an arrival at `t` lands after one at SimPy time
+        `last_f` (the step loop's `env.timeout(t - env.now)`; no wait if t <= last_f)."""
+        return last_f + (t - last_f) if t > last_f else last_f
+
+
+def _accept_all(req: Any) -> bool:
+    return True
 
 
 @dataclass(slots=True)
@@ -80,6 +112,8 @@ class DecodeRun:
     # traces for it; `starts` then begin at the decode steps' first start, and a run of the
     # prompt step alone has no parts
     prompt: tuple | None = None
+    # a span (scheduling/span.py): how many arrivals it admitted itself (the feed skips them)
+    taken: int = 0
 
 
 # NOTE: a cost model whose step_time was replaced (a test's fixed step) is evaluated step by

@@ -120,6 +120,12 @@ class Cluster:
             self._prune(i)
         return i
 
+    def count_taken(self, n: int) -> None:
+        """n arrivals that the only replica admitted itself (advance.Lookahead): counted as
+        routed to it (it counted them as arrived)."""
+        self.num_arrived += n
+        self.routed[0] += n
+
     def close(self) -> None:
         for rep in self.replicas:
             rep.close()

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 import simpy
 
-from simulator.engine.advance import ArrivalClock, decode_run_fn
+from simulator.engine.advance import ArrivalClock, Lookahead, decode_run_fn, exact_delay
 from simulator.engine.costmodel import CostModel
 from simulator.engine.protocols import Batch, SchedulerInterface, SchedulerStats
 from simulator.engine.steptrace import StepTrace
@@ -55,6 +55,11 @@ class Replica:
         # the only replica (no router reads its state at an arrival, which only joins its queue):
         # a decode run may end with the step during which the next arrival comes
         self.solo = solo
+        # the arrivals ahead, which a sync prefill-first run may admit itself (scheduling/span.py):
+        # a replica alone and untraced (the trace records the loop's decisions one by one)
+        self._ahead = clock.ahead if clock is not None and solo and trace is None else None
+        if self._ahead is not None:
+            self._ahead.accept = self._accepts
         self.num_arrived = 0
         self.arrivals_done = False
         # P/D replica (engine/disagg.py): blocks held for or by KV transfers can leave a step with
@@ -105,6 +110,9 @@ class Replica:
         if self.on_request_end is not None:
             self.on_request_end(req)
 
+    def _accepts(self, req: Request) -> bool:
+        return not self.reject_reason(req)
+
     def reject_reason(self, req: Request, pool: str = "") -> str:
         """Why `req` can never run on this replica ("" if it can); `pool` names the replica's
         pool in the KV reason (P/D: "prefill" / "decode")."""
@@ -133,8 +141,10 @@ class Replica:
                 continue
             if clock is not None:
                 run = sched.decode_run(env.now, clock.next_s, self._decode_run_times,
-                                       straddle=self.solo, step_time=step_time)
+                                       straddle=self.solo, step_time=step_time, ahead=self._ahead)
                 if run is not None:
+                    if run.taken:  # (arrivals it admitted itself: the feed skips them)
+                        self.num_arrived += run.taken
                     self._run_ended(run)
                     if self.on_busy is not None:
                         self.on_busy(env.now + run.delay)
@@ -185,11 +195,13 @@ class Replica:
             self.recorder.record_row(_row(start, duration, batch, s), s.token_gaps)
         if run.straddles and run.parts:
             columns = run.columns if merged else run.parts[-1].columns
-            k = len(columns["start_s"])
-            waiting = np.empty(k, np.int64)  # (np.full is a Python wrapper: every run)
-            waiting.fill(columns["num_waiting"])
+            waiting = columns["num_waiting"]
+            if type(waiting) is not np.ndarray:
+                k = len(columns["start_s"])
+                waiting = np.empty(k, np.int64)  # (np.full is a Python wrapper: every run)
+                waiting.fill(columns["num_waiting"])
+                columns["num_waiting"] = waiting
             waiting[-1] = self.scheduler.num_waiting()
-            columns["num_waiting"] = waiting
         if merged:
             self.recorder.record_many(run.columns, run.gaps, run.gaps_per_step)
         else:
@@ -329,26 +341,70 @@ def progress_tick(report: Callable[[], None]) -> Callable[[], None]:
     return tick
 
 
-def feed_arrivals(env: simpy.Environment, workload: RequestArrays, target,
-                  clock: ArrivalClock | None = None):
-    """SimPy process: create each Request at its arrival time and hand it to `target` (a Replica
-    or a Cluster: `submit(req)`, then `close()`). `clock.next_s` is kept at the next arrival
-    time (inf after the last)."""
+def request_maker(workload: RequestArrays) -> Callable[[int], Request]:
+    """make(i): the workload's request i as a Request (what feed_arrivals submits)."""
     arrival, prompt, output, priority = (workload.arrival_s, workload.prompt_tokens,
                                          workload.output_tokens, workload.priority)
     prefix, tenant, tier = workload.prefix, workload.tenant, workload.tier
-    for i in range(len(workload)):
-        t = float(arrival[i])
-        if clock is not None:
-            clock.next_s = t
-        if t > env.now:
-            yield env.timeout(t - env.now)
-        req = Request(i, t, int(prompt[i]), int(output[i]), int(priority[i]),
+
+    def make(i: int) -> Request:
+        req = Request(i, float(arrival[i]), int(prompt[i]), int(output[i]), int(priority[i]),
                       tenant="" if tenant is None else str(tenant[i]),
                       prefix=None if prefix is None else prefix[i])
         if tier is not None:
             req.tier = str(tier[i])
-        target.submit(req)
+        return req
+    return make
+
+
+def lookahead(workload: RequestArrays) -> Lookahead:
+    """The arrivals of `workload` for a replica alone to look ahead at (advance.Lookahead)."""
+    return Lookahead(workload.arrival_s.tolist(), request_maker(workload))
+
+
+def feed_arrivals(env: simpy.Environment, workload: RequestArrays, target,
+                  clock: ArrivalClock | None = None):
+    """SimPy process: create each Request at its arrival time and hand it to `target` (a Replica
+    or a Cluster: `submit(req)`, then `close()`). `clock.next_s` is kept at the next arrival
+    time (inf after the last). With `clock.ahead` (a replica alone), a run may admit the
+    arrivals ahead itself: the feed, woken at the first one's time, counts them
+    (`target.count_taken`) and goes on after the last, its next timeout landing where it
+    would have landed after submitting them one by one (Lookahead.last_f)."""
+    make = request_maker(workload)
+    n = len(workload)
+    ahead = None if clock is None else clock.ahead
+    if ahead is None:
+        arrival = workload.arrival_s
+        for i in range(n):
+            t = float(arrival[i])
+            if clock is not None:
+                clock.next_s = t
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            target.submit(make(i))
+    else:
+        times = ahead.times
+        i = 0
+        while i < n:
+            t = times[i]
+            clock.next_s = t
+            land = ahead.landing(ahead.last_f, t)
+            if land > env.now:
+                if ahead.last_f == env.now:
+                    yield env.timeout(t - env.now)
+                else:  # after arrivals a run admitted (the run checked the delay exists)
+                    delay = exact_delay(env.now, land)
+                    if delay is None:
+                        raise RuntimeError(f"feed: no SimPy delay lands on {land!r} from {env.now!r}")
+                    yield env.timeout(delay)
+            if ahead.next_i > i:  # a run admitted arrivals i..next_i - 1 while the feed waited
+                target.count_taken(ahead.next_i - i)
+                i = ahead.next_i
+                continue
+            ahead.next_i = i + 1
+            ahead.last_f = env.now
+            target.submit(make(i))
+            i += 1
     if clock is not None:
         clock.next_s = math.inf
     target.close()

@@ -36,7 +36,7 @@ from simulator.engine.build import Setup, setup
 from simulator.engine.cluster import Cluster, MergedRecorder, cluster_section
 from simulator.engine.kvcache.offload import offload_summary
 from simulator.engine.protocols import RouterContext, SchedulerInterface, SchedulerStats
-from simulator.engine.replica import Replica, feed_arrivals, progress_tick, run_env
+from simulator.engine.replica import Replica, feed_arrivals, lookahead, progress_tick, run_env
 from simulator.engine.routers import ROUTERS
 from simulator.engine.steptrace import StepTrace
 from simulator.metrics.recorder import MetricsRecorder
@@ -176,6 +176,8 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *,
         tick = progress_tick(lambda: progress(sum(map(ended, recorders)), total))
     env = simpy.Environment()
     clock = ArrivalClock() if config.engine.advance == "event" else None
+    if clock is not None and n == 1 and trace is None:  # runs may admit the arrivals ahead
+        clock.ahead = lookahead(workload)
     replicas = [Replica(env, sched, s.cost, rec, s.engine.max_model_len, on_iteration=tick,
                         trace=trace if n == 1 else None, clock=clock, solo=n == 1)
                 for sched, rec in zip(schedulers, recorders)]

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from simulator.engine.advance import DecodeRun, RunPart, exact_delay
+from simulator.engine.advance import DecodeRun, Lookahead, RunPart, exact_delay
 from simulator.engine.costmodel import StepShape, window_kv_sums
 from simulator.engine.protocols import (
     Batch,
@@ -59,6 +59,7 @@ from simulator.engine.scheduling.running import (
     N,
     RunningBatch,
 )
+from simulator.engine.scheduling.span import span_run
 from simulator.workload.request import Request, Status
 
 _ZERO = np.int64(0)  # a decode run's constant columns (numpy scalars are immutable)
@@ -818,8 +819,8 @@ class Scheduler:
 
     def decode_run(self, now: float, until_s: float, run_times: Callable[..., np.ndarray],
                    max_steps: int = 4096, inflight_s: float | None = None,
-                   straddle: bool = False, step_time: Callable[[StepShape], float] | None = None
-                   ) -> DecodeRun | None:
+                   straddle: bool = False, step_time: Callable[[StepShape], float] | None = None,
+                   ahead: Lookahead | None = None) -> DecodeRun | None:
         """The next k pure-decode steps at once (engine/advance.py), or None when the next step
         may differ from the last (the caller then steps). Steps:
         1. precondition: the last step was a pure decode of every running request, committed
@@ -849,6 +850,10 @@ class Scheduler:
             return None
         if (not self._quiet and step_time is not None and len(self.queue) == 1
                 and self._opens_with_prompt):
+            if ahead is not None:  # a span: the arrivals ahead admitted in the same run
+                run = span_run(self, now, until_s, run_times, max_steps, step_time, ahead)
+                if run is not None:
+                    return run
             run = self._prompt_then_run(now, until_s, run_times, max_steps, straddle, step_time)
             if run is not None:
                 return run
