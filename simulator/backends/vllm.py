@@ -426,7 +426,7 @@ class VllmScheduler:
 
     def decode_run(self, now: float, until_s: float, run_times, max_steps: int = 4096,
                    inflight_s: float | None = None, straddle: bool = False,
-                   step_time=None) -> None:
+                   step_time=None, ahead=None) -> None:
         """vLLM's scheduler is driven step by step (the reference): no decode runs."""
         return None
 

@@ -36,7 +36,7 @@ from simulator.workload.request import Request
 
 if TYPE_CHECKING:
     from simulator.config.schema import SimConfig
-    from simulator.engine.advance import DecodeRun
+    from simulator.engine.advance import DecodeRun, Lookahead
     from simulator.engine.build import Setup
     from simulator.workload.generators import RequestArrays
 
@@ -305,8 +305,8 @@ class SchedulerInterface(Protocol):
 
     def decode_run(self, now: float, until_s: float, run_times: Callable[..., np.ndarray],
                    max_steps: int = 4096, inflight_s: float | None = None,
-                   straddle: bool = False, step_time: Callable[[StepShape], float] | None = None
-                   ) -> DecodeRun | None:
+                   straddle: bool = False, step_time: Callable[[StepShape], float] | None = None,
+                   ahead: Lookahead | None = None) -> DecodeRun | None:
         """The next pure-decode steps at once, ending before until_s (engine/advance.py);
         None: step instead. `run_times(m, first, k[, window_kv_tokens])`: the durations of k
         pure-decode steps of m requests whose KV entries are first + m j
@@ -314,7 +314,9 @@ class SchedulerInterface(Protocol):
         the duration of the step in flight (it started at `now`). `straddle`: an arrival only
         joins this replica's queue (one replica), so the run's last step may be the one during
         which it arrives. `step_time`: the cost model's (sync), for a run that opens with a
-        prompt step (DecodeRun.prompt); None: no such run."""
+        prompt step (DecodeRun.prompt); None: no such run. `ahead`: the arrivals ahead of a
+        replica alone, which such a run may admit itself (scheduling/span.py; DecodeRun.taken);
+        None: none."""
         ...
 
 
