@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import tempfile
 from pathlib import Path
 
@@ -391,6 +392,38 @@ def test_spans_admit_the_arrivals_ahead(mode):
     assert counts["spans"] > 0, counts
     if mode == ["workload.arrival.rate=1.4"]:
         assert counts["span_taken"] >= 0.5 * 200, counts
+
+
+def test_a_span_ends_before_an_arrival_landing_on_a_step_end(tmp_path):
+    """An arrival whose SimPy time (the feed's timeout: last + (t - last)) is an ulp off its
+    time t and lands exactly on a step's end: SimPy runs the feed first there (its timeout is
+    the older), so the loop's next step is that request's prompt. A span decides about the
+    arrival by its SimPy time: it ends before that step, as step by step. (Found in review: a
+    span that compared with t straddled the step and ran the replica first.)"""
+    base = ["model=llama-2-7b", "gpu=a100-80gb", "engine.enable_chunked_prefill=false",
+            "engine.enable_prefix_caching=false", "engine.max_num_batched_tokens=4096",
+            "workload.format=vidur"]
+
+    def write(path: Path, rows: list) -> Path:
+        path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"
+                        + "".join(f"{a!r},{p},{o}\n" for a, p, o in rows))
+        return path
+    first = 0.3
+    pre = [(0.0, 500, 1500), (first, 100, 1500)]
+    res = run(build_config(None, [*base, f"workload.trace={write(tmp_path / 'pre.csv', pre)}",
+                                  "engine.advance=step"]))
+    starts = res.iterations["start_s"].to_numpy()
+    # a step end E with a time t just below it whose landing after `first` is E
+    ends = starts[1:].tolist()
+    end, t = next((e, t) for r, e in enumerate(ends[:-1]) if 0.7 < e < 5
+                  and (t := math.nextafter(e, -math.inf)) > starts[r] and first + (t - first) == e)
+    trace = write(tmp_path / "tie.csv", [*pre, (t, 100, 10), (end + 1.0, 100, 10)])
+    overrides = [*base, f"workload.trace={trace}"]
+    step, _ = _outputs(overrides, "step", tmp_path / "s")
+    event, _ = _outputs(overrides, "event", tmp_path / "e", traced=False)
+    assert event == step
+    counts = _run_counting(overrides, traced=False)
+    assert counts["span_taken"] >= 1, counts
 
 
 span_scenario = st.fixed_dictionaries({

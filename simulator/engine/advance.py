@@ -12,8 +12,9 @@ records (docs/performance.md states the invariants and how k is found). A run go
 frees them), and the next part is the same closed form over the batch left.
 
 This module holds what the run needs besides the scheduler: the step durations over numpy
-arrays (the cost model's own tables, element-wise equal to CostModel.step_time) and the one
-SimPy delay that lands exactly on the last step's end.
+arrays (the cost model's own tables, element-wise equal to CostModel.step_time), the one
+SimPy delay that lands exactly on the last step's end, and the arrivals ahead of a replica
+alone (`Lookahead`), which a sync prefill-first run may admit itself (scheduling/span.py).
 """
 
 from __future__ import annotations

@@ -365,11 +365,12 @@ def lookahead(workload: RequestArrays) -> Lookahead:
 def feed_arrivals(env: simpy.Environment, workload: RequestArrays, target,
                   clock: ArrivalClock | None = None):
     """SimPy process: create each Request at its arrival time and hand it to `target` (a Replica
-    or a Cluster: `submit(req)`, then `close()`). `clock.next_s` is kept at the next arrival
-    time (inf after the last). With `clock.ahead` (a replica alone), a run may admit the
-    arrivals ahead itself: the feed, woken at the first one's time, counts them
-    (`target.count_taken`) and goes on after the last, its next timeout landing where it
-    would have landed after submitting them one by one (Lookahead.last_f)."""
+    or a Cluster: `submit(req)`, then `close()`). `clock.next_s` is kept at the next arrival's
+    time as SimPy lands its timeout (now + (t - now): an ulp off t at times; inf after the last).
+    With `clock.ahead` (a replica alone), a run may admit the arrivals ahead itself: the feed,
+    woken at the first one's time, counts them (`target.count_taken`) and goes on after the
+    last, its next timeout landing where it would have landed after submitting them one by one
+    (Lookahead.last_f)."""
     make = request_maker(workload)
     n = len(workload)
     ahead = None if clock is None else clock.ahead
@@ -377,9 +378,9 @@ def feed_arrivals(env: simpy.Environment, workload: RequestArrays, target,
         arrival = workload.arrival_s
         for i in range(n):
             t = float(arrival[i])
-            if clock is not None:
-                clock.next_s = t
             if t > env.now:
+                if clock is not None:  # (where SimPy lands the timeout: an ulp off t at times)
+                    clock.next_s = env.now + (t - env.now)
                 yield env.timeout(t - env.now)
             target.submit(make(i))
     else:
@@ -387,8 +388,7 @@ def feed_arrivals(env: simpy.Environment, workload: RequestArrays, target,
         i = 0
         while i < n:
             t = times[i]
-            clock.next_s = t
-            land = ahead.landing(ahead.last_f, t)
+            land = clock.next_s = ahead.landing(ahead.last_f, t)
             if land > env.now:
                 if ahead.last_f == env.now:
                     yield env.timeout(t - env.now)

@@ -63,11 +63,11 @@ def span_run(s: Scheduler, now: float, until_s: float, run_times: Callable[..., 
     m0 = rb.m
     times = ahead.times
     n_arr = len(times)
-    ai = ahead.next_i  # the next arrival the feed would submit (its time is until_s)
+    ai = ahead.next_i  # the next arrival the feed would submit (its SimPy time is until_s)
     if (req is None or len(queue) != 1 or req.num_computed_tokens or req.num_output_tokens
             or req.num_preemptions or s.kv_holding or s.watched_finishes or s.delay_free_blocks
             or kv.decode_stamps or (m0 and not (s._decoding or s._all_decodes(m0)))
-            or (times[ai] != until_s if ai < n_arr else until_s != math.inf)):
+            or until_s != (ahead.landing(ahead.last_f, times[ai]) if ai < n_arr else math.inf)):
         return None
     free0 = free = kv.decode_room()
     if free is None:
@@ -90,9 +90,11 @@ def span_run(s: Scheduler, now: float, until_s: float, run_times: Callable[..., 
     ends = list(end)  # the live's finish steps (a heap; equal ones repeat)
     heapq.heapify(ends)
     csum = sum(comp0)  # sum over the live of c - start: the KV entries at decode step d are csum + m (d + 1)
-    A = until_s  # the next arrival not admitted
+    # the next arrival not admitted: A is its SimPy time (where the feed's timeout lands, which
+    # may be an ulp off its time in the workload), what every decision about it compares
+    A = until_s
     f_last = ahead.last_f
-    f_first = ahead.landing(f_last, until_s)  # when the feed wakes (its pending timeout)
+    f_first = until_s  # when the feed wakes (its pending timeout)
     # the plan, in time order
     t = now
     d = 0  # decode steps planned
@@ -120,7 +122,7 @@ def span_run(s: Scheduler, now: float, until_s: float, run_times: Callable[..., 
             if opening:
                 return None
             break  # (the last step straddles its arrival: the loop takes it)
-        after = A if opening else (times[ai + 1] if ai + 1 < n_arr else math.inf)
+        after = A if opening else (ahead.landing(A, times[ai + 1]) if ai + 1 < n_arr else math.inf)
         dur = step_time(StepShape(prompt, 1, float(prompt * prompt + prompt) / 2.0, prompt, 1,
                                   prompt, -1)) + 0.0
         p_end = t + dur
@@ -154,7 +156,7 @@ def span_run(s: Scheduler, now: float, until_s: float, run_times: Callable[..., 
         rows += 1
         t = p_end
         if waiting:  # the next request arrives during this prompt step
-            req = _next(ahead, ai, A, p_end, f_last, f_first)
+            req = _next(ahead, ai, A, p_end, f_first)
             if req is None:
                 straddled = True
                 break
@@ -245,7 +247,7 @@ def span_run(s: Scheduler, now: float, until_s: float, run_times: Callable[..., 
             straddled = arrive
             break
         # the step just planned straddles arrival ai: admit it next if the loop would
-        req = _next(ahead, ai, A, t, f_last, f_first)
+        req = _next(ahead, ai, A, t, f_first)
         if req is None:
             straddled = True
             break
@@ -271,18 +273,19 @@ def _taken(first: int, end: int, bs: int) -> int:
     return -(-(end - first) // bs) if end > first else 0
 
 
-def _next(ahead: Lookahead, ai: int, A: float, row_end: float, f_last: float, f_first: float):
-    """The request of arrival ai, which comes (at A) during the row ending at row_end, where the
-    span may admit it in the prompt step right after: the next arrival comes after that row
-    ends, the feed's SimPy times are the arrival times (this one lands at A after the last at
-    f_last; the feed, woken at f_first, can land exactly on the next one's), and the replica
-    would accept it; else None (the span ends: the feed submits it)."""
+def _next(ahead: Lookahead, ai: int, A: float, row_end: float, f_first: float):
+    """The request of arrival ai, which comes (SimPy time A) during the row ending at row_end,
+    where the span may admit it in the prompt step right after: the next arrival comes after
+    that row ends, the feed (woken at f_first, the first admitted one's time) can land exactly
+    where it would have landed after this one, and the replica would accept it; else None (the
+    span ends: the feed submits it)."""
     times = ahead.times
     n = len(times)
-    if ai >= n or not A < row_end or ahead.landing(f_last, A) != A:
+    if ai >= n or not A < row_end:
         return None
     if ai + 1 < n:
-        if not times[ai + 1] > row_end or exact_delay(f_first, ahead.landing(A, times[ai + 1])) is None:
+        after = ahead.landing(A, times[ai + 1])
+        if not after > row_end or exact_delay(f_first, after) is None:
             return None
     req = ahead.make(ai)
     return req if ahead.accept(req) else None
