@@ -394,12 +394,16 @@ def test_spans_admit_the_arrivals_ahead(mode):
         assert counts["span_taken"] >= 0.5 * 200, counts
 
 
-def test_a_span_ends_before_an_arrival_landing_on_a_step_end(tmp_path):
-    """An arrival whose SimPy time (the feed's timeout: last + (t - last)) is an ulp off its
-    time t and lands exactly on a step's end: SimPy runs the feed first there (its timeout is
-    the older), so the loop's next step is that request's prompt. A span decides about the
-    arrival by its SimPy time: it ends before that step, as step by step. (Found in review: a
-    span that compared with t straddled the step and ran the replica first.)"""
+@pytest.mark.parametrize("kind", ["decode", "prompt"])
+def test_a_span_ends_before_an_arrival_landing_on_a_step_end(tmp_path, kind):
+    """An arrival whose SimPy time lands exactly on a step's end: SimPy runs the feed first
+    there (its timeout is the older), so the loop's next step is that request's prompt. A span
+    treats it as a tie and ends before, as step by step:
+    - `decode`: the landing (the feed's timeout: last + (t - last)) is an ulp off the arrival's
+      time t, on a decode step's end. (Found in review: a span that compared with t straddled
+      the step and ran the replica first.)
+    - `prompt`: the arrival comes exactly at the end of an admitted request's prompt step (the
+      span's check that a prompt step does not end at the next arrival)."""
     base = ["model=llama-2-7b", "gpu=a100-80gb", "engine.enable_chunked_prefill=false",
             "engine.enable_prefix_caching=false", "engine.max_num_batched_tokens=4096",
             "workload.format=vidur"]
@@ -412,18 +416,43 @@ def test_a_span_ends_before_an_arrival_landing_on_a_step_end(tmp_path):
     pre = [(0.0, 500, 1500), (first, 100, 1500)]
     res = run(build_config(None, [*base, f"workload.trace={write(tmp_path / 'pre.csv', pre)}",
                                   "engine.advance=step"]))
-    starts = res.iterations["start_s"].to_numpy()
-    # a step end E with a time t just below it whose landing after `first` is E
+    steps = res.iterations
+    starts = steps["start_s"].to_numpy()
     ends = starts[1:].tolist()
-    end, t = next((e, t) for r, e in enumerate(ends[:-1]) if 0.7 < e < 5
-                  and (t := math.nextafter(e, -math.inf)) > starts[r] and first + (t - first) == e)
+    if kind == "decode":  # a step end E with a time t just below it whose landing after `first` is E
+        end, t = next((e, t) for r, e in enumerate(ends[:-1]) if 0.7 < e < 5
+                      and (t := math.nextafter(e, -math.inf)) > starts[r] and first + (t - first) == e)
+    else:  # the end of the second request's prompt step, landing exactly
+        row = int(np.flatnonzero(steps["prefill_tokens"].to_numpy() == 100)[0])
+        end = t = ends[row]
+        assert first + (t - first) == end
     trace = write(tmp_path / "tie.csv", [*pre, (t, 100, 10), (end + 1.0, 100, 10)])
     overrides = [*base, f"workload.trace={trace}"]
     step, _ = _outputs(overrides, "step", tmp_path / "s")
     event, _ = _outputs(overrides, "event", tmp_path / "e", traced=False)
     assert event == step
-    counts = _run_counting(overrides, traced=False)
-    assert counts["span_taken"] >= 1, counts
+    assert _run_counting(overrides, traced=False)["spans"] >= 1
+
+
+def test_spans_stopped_at_max_steps_are_exact(tmp_path, monkeypatch):
+    """A span stops after `max_steps` decode steps (it bounds the work of one span, not its
+    result): with a small bound the spans stop early and often, and the files are still the
+    step loop's."""
+    import simulator.engine.scheduling.scheduler as sched_mod
+    span_run = sched_mod.span_run
+    stopped = []
+
+    def short(s, now, until_s, run_times, max_steps, step_time, ahead):
+        run = span_run(s, now, until_s, run_times, 37, step_time, ahead)
+        if run is not None:  # (its decode steps)
+            stopped.append(int((run.columns["prefill_tokens"] == 0).sum()))
+        return run
+    monkeypatch.setattr(sched_mod, "span_run", short)
+    overrides = [*W4, "workload.arrival.rate=1.4", "workload.num_requests=80"]
+    step, _ = _outputs(overrides, "step", tmp_path / "s")
+    event, _ = _outputs(overrides, "event", tmp_path / "e", traced=False)
+    assert event == step
+    assert max(stopped) == 37 and stopped.count(37) >= 10, stopped
 
 
 span_scenario = st.fixed_dictionaries({
