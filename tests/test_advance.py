@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import tempfile
 from pathlib import Path
@@ -25,13 +26,29 @@ TIERS = ('{by: prompt_tokens, tiers: [{name: short, max_prompt_tokens: 300, max_
          ' {name: long}]}')
 
 
-def _outputs(overrides: list[str], advance: str, out: Path, traced: bool = True
-             ) -> tuple[dict[str, bytes], list]:
-    """The run's files and its step trace (`traced` False: no trace, so a replica alone may
-    admit the arrivals ahead in spans, scheduling/span.py)."""
+@contextlib.contextmanager
+def _lookahead(on: bool):
+    """Runs made inside have the lookahead of a replica alone (engine/run.py) or, off, none."""
+    if on:
+        yield
+        return
+    import simulator.engine.run as run_mod
+    made = run_mod.lookahead
+    run_mod.lookahead = lambda workload: None
+    try:
+        yield
+    finally:
+        run_mod.lookahead = made
+
+
+def _outputs(overrides: list[str], advance: str, out: Path, traced: bool = True,
+             spans: bool = True) -> tuple[dict[str, bytes], list]:
+    """The run's files and its step trace (`traced` False: none). `spans` False: no lookahead,
+    so a replica alone runs without spans (scheduling/span.py), as a cluster's replicas do."""
     config = build_config(None, [*overrides, f"engine.advance={advance}"])
     trace = StepTrace() if traced else None
-    res = run(config, trace=trace)
+    with _lookahead(spans):
+        res = run(config, trace=trace)
     res.write(out)
     files = {name: (out / name).read_bytes()
              for name in ("summary.json", "requests.parquet", "iterations.parquet")}
@@ -92,11 +109,12 @@ def _check_identical(s) -> None:
         except ConfigError:
             return  # a combination the config rejects (same for both modes)
         event, event_trace = _outputs(overrides, "event", Path(tmp) / "event")
-        untraced, _ = _outputs(overrides, "event", Path(tmp) / "untraced", traced=False)
+        nospan, nospan_trace = _outputs(overrides, "event", Path(tmp) / "nospan", spans=False)
     for name in step:
         assert event[name] == step[name], (name, overrides)
-        assert untraced[name] == step[name], (name, "untraced", overrides)
+        assert nospan[name] == step[name], (name, "no spans", overrides)
     assert event_trace == step_trace, overrides
+    assert nospan_trace == step_trace, ("no spans", overrides)
 
 
 def _over(strategy, check, examples: int):
@@ -150,18 +168,20 @@ def _same_as_step(overrides: list[str]) -> list:
     with tempfile.TemporaryDirectory() as tmp:
         step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
         event, trace_e = _outputs(overrides, "event", Path(tmp) / "e")
-        untraced, _ = _outputs(overrides, "event", Path(tmp) / "u", traced=False)
+        nospan, trace_n = _outputs(overrides, "event", Path(tmp) / "n", spans=False)
     assert event == step
-    assert untraced == step
+    assert nospan == step
     assert trace_e == trace_s
+    assert trace_n == trace_s
     return trace_s
 
 
-def _run_counting(overrides: list[str], traced: bool = True) -> dict[str, int]:
+def _run_counting(overrides: list[str], spans: bool = False) -> dict[str, int]:
     """One event-level run, counting its loop steps, decode runs and the finishes inside them;
     of those, the runs taken through finishes in one pass (their segments and finishes), the
     runs that opened with a prompt step (and those that were that step alone) and the spans
-    (scheduling/span.py: only untraced, `traced` False) with the arrivals they admitted."""
+    (scheduling/span.py: with `spans`, else the run has no lookahead) with the arrivals they
+    admitted."""
     import simulator.engine.scheduling.scheduler as sched_mod
     counts = dict.fromkeys(("loop", "runs", "run_steps", "finished_in_runs", "through", "segments",
                             "finished_in_through", "prompt_runs", "prompt_alone", "spans",
@@ -212,8 +232,8 @@ def _run_counting(overrides: list[str], traced: bool = True) -> dict[str, int]:
     for name, f in wrappers.items():
         setattr(cls, name, f)
     try:
-        res = run(build_config(None, [*overrides, "engine.advance=event"]),
-                  trace=StepTrace() if traced else None)
+        with _lookahead(spans):
+            res = run(build_config(None, [*overrides, "engine.advance=event"]))
     finally:
         sched_mod.span_run = span_run
         for name, f in originals.items():
@@ -379,16 +399,17 @@ W4 = ["model=llama-2-7b", "gpu=a100-80gb", "engine.enable_chunked_prefill=false"
      "workload.output_tokens={dist: uniform, low: 200, high: 600}", "workload.num_requests=120"],
 ])
 def test_spans_admit_the_arrivals_ahead(mode):
-    """A replica alone, untraced, sync prefill-first: runs admit the arrivals ahead themselves
+    """A replica alone, sync prefill-first: runs admit the arrivals ahead themselves
     (scheduling/span.py), with outputs byte-identical to the step loop's; the spans are taken
     (where the load allows, most arrivals are admitted by a span, not submitted by the feed)."""
     overrides = [*W4, *mode]
     with tempfile.TemporaryDirectory() as tmp:
-        step, _ = _outputs(overrides, "step", Path(tmp) / "s")
-        event, _ = _outputs(overrides, "event", Path(tmp) / "e", traced=False)
+        step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
+        event, trace_e = _outputs(overrides, "event", Path(tmp) / "e")
     for name in step:
         assert event[name] == step[name], (name, mode)
-    counts = _run_counting(overrides, traced=False)
+    assert trace_e == trace_s, mode
+    counts = _run_counting(overrides, spans=True)
     assert counts["spans"] > 0, counts
     if mode == ["workload.arrival.rate=1.4"]:
         assert counts["span_taken"] >= 0.5 * 200, counts
@@ -428,10 +449,11 @@ def test_a_span_ends_before_an_arrival_landing_on_a_step_end(tmp_path, kind):
         assert first + (t - first) == end
     trace = write(tmp_path / "tie.csv", [*pre, (t, 100, 10), (end + 1.0, 100, 10)])
     overrides = [*base, f"workload.trace={trace}"]
-    step, _ = _outputs(overrides, "step", tmp_path / "s")
-    event, _ = _outputs(overrides, "event", tmp_path / "e", traced=False)
+    step, trace_s = _outputs(overrides, "step", tmp_path / "s")
+    event, trace_e = _outputs(overrides, "event", tmp_path / "e")
     assert event == step
-    assert _run_counting(overrides, traced=False)["spans"] >= 1
+    assert trace_e == trace_s
+    assert _run_counting(overrides, spans=True)["spans"] >= 1
 
 
 def test_spans_stopped_at_max_steps_are_exact(tmp_path, monkeypatch):
@@ -449,9 +471,10 @@ def test_spans_stopped_at_max_steps_are_exact(tmp_path, monkeypatch):
         return run
     monkeypatch.setattr(sched_mod, "span_run", short)
     overrides = [*W4, "workload.arrival.rate=1.4", "workload.num_requests=80"]
-    step, _ = _outputs(overrides, "step", tmp_path / "s")
-    event, _ = _outputs(overrides, "event", tmp_path / "e", traced=False)
+    step, trace_s = _outputs(overrides, "step", tmp_path / "s")
+    event, trace_e = _outputs(overrides, "event", tmp_path / "e")
     assert event == step
+    assert trace_e == trace_s
     assert max(stopped) == 37 and stopped.count(37) >= 10, stopped
 
 
@@ -474,12 +497,13 @@ def _check_span(s: dict) -> None:
         overrides.append(f"engine.num_gpu_blocks_override={s['blocks']}")
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            step, _ = _outputs(overrides, "step", Path(tmp) / "s")
+            step, trace_s = _outputs(overrides, "step", Path(tmp) / "s")
         except ConfigError:
             return
-        event, _ = _outputs(overrides, "event", Path(tmp) / "e", traced=False)
+        event, trace_e = _outputs(overrides, "event", Path(tmp) / "e")
     for name in step:
         assert event[name] == step[name], (name, overrides)
+    assert trace_e == trace_s, overrides
 
 
 test_spans_give_byte_identical_outputs = _over(span_scenario, _check_span, 6)

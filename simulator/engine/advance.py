@@ -41,8 +41,8 @@ class ArrivalClock:
 
 
 class Lookahead:
-    """The arrivals ahead of a replica alone (no router reads its state when one comes, and it
-    is traced by nobody), which a sync prefill-first run may admit itself instead of the feed
+    """The arrivals ahead of a replica alone (no router reads its state when one comes), which
+    a sync prefill-first run may admit itself instead of the feed
     submitting them (scheduling/span.py: each one's prompt step and the decode steps after it
     in one pass). feed_arrivals and the span share it:
     - `next_i`: the next arrival the feed submits; a span that admits arrivals next_i..j sets
@@ -52,7 +52,7 @@ class Lookahead:
     - `make(i)`: request i as the feed makes it; `accept(req)`: whether the replica would take
       it (not rejected at arrival), set by the replica."""
 
-    __slots__ = ("times", "make", "accept", "next_i", "last_f")
+    __slots__ = ("times", "make", "accept", "next_i", "last_f", "traced")
 
     def __init__(self, times: list[float], make: Callable[[int], Any]) -> None:
         self.times = times
@@ -60,6 +60,7 @@ class Lookahead:
         self.accept: Callable[[Any], bool] = _accept_all
         self.next_i = 0
         self.last_f = 0.0
+        self.traced = False  # the replica keeps a step trace: spans make its rows (DecodeRun.trace_rows)
 
     def landing(self, last_f: float, t: float) -> float:
         """Where the feed's timeout for an arrival at `t` lands after one at SimPy time
@@ -113,8 +114,10 @@ class DecodeRun:
     # traces for it; `starts` then begin at the decode steps' first start, and a run of the
     # prompt step alone has no parts
     prompt: tuple | None = None
-    # a span (scheduling/span.py): how many arrivals it admitted itself (the feed skips them)
+    # a span (scheduling/span.py): how many arrivals it admitted itself (the feed skips them),
+    # and with a step trace its rows (StepTrace's, less the step numbers)
     taken: int = 0
+    trace_rows: list | None = None
 
 
 # NOTE: a cost model whose step_time was replaced (a test's fixed step) is evaluated step by

@@ -56,10 +56,11 @@ class Replica:
         # a decode run may end with the step during which the next arrival comes
         self.solo = solo
         # the arrivals ahead, which a sync prefill-first run may admit itself (scheduling/span.py):
-        # a replica alone and untraced (the trace records the loop's decisions one by one)
-        self._ahead = clock.ahead if clock is not None and solo and trace is None else None
+        # a replica alone
+        self._ahead = clock.ahead if clock is not None and solo else None
         if self._ahead is not None:
             self._ahead.accept = self._accepts
+            self._ahead.traced = trace is not None
         self.num_arrived = 0
         self.arrivals_done = False
         # P/D replica (engine/disagg.py): blocks held for or by KV transfers can leave a step with

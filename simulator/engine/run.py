@@ -176,7 +176,7 @@ def run(config: SimConfig, workload: RequestArrays | None = None, *,
         tick = progress_tick(lambda: progress(sum(map(ended, recorders)), total))
     env = simpy.Environment()
     clock = ArrivalClock() if config.engine.advance == "event" else None
-    if clock is not None and n == 1 and trace is None:  # runs may admit the arrivals ahead
+    if clock is not None and n == 1:  # runs may admit the arrivals ahead
         clock.ahead = lookahead(workload)
     replicas = [Replica(env, sched, s.cost, rec, s.engine.max_model_len, on_iteration=tick,
                         trace=trace if n == 1 else None, clock=clock, solo=n == 1)

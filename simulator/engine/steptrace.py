@@ -55,6 +55,10 @@ class StepTrace:
         part's last step lists the requests it finished). Async: the first was scheduled (and
         traced) before the run, and the run schedules one more, traced here and committed
         after it."""
+        if run.trace_rows is not None:  # a span (scheduling/span.py) made its rows (sync)
+            for row in run.trace_rows:
+                self.rows.append({"step": len(self.rows), **row})
+            return
         starts = run.starts.tolist()
         pending = self._pending
         if run.prompt is not None:  # its prompt step (sync): the admitted request's whole prompt

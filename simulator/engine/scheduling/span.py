@@ -108,6 +108,9 @@ def span_run(s: Scheduler, now: float, until_s: float, run_times: Callable[..., 
     ops: list[tuple] = []  # what is applied, in the loop's order
     pop_rows: list[int] = []  # the row of each block a decode step takes
     fins: list[tuple[int, int, int]] = []  # (row, blocks freed, capacity - computed freed)
+    # with a step trace: per chunk, who it schedules ((req_id, tokens) pairs), who it admits and
+    # who its last row finishes
+    traced: list[tuple] | None = [] if ahead.traced else None
     straddled = False
     cut_at = None
     taken = 0
@@ -153,6 +156,8 @@ def span_run(s: Scheduler, now: float, until_s: float, run_times: Callable[..., 
         durs.append((dur,))
         waiting = 1 if A < p_end else 0
         chunks.append((1, 1, prompt, prompt, 0, 1, m + 1, waiting))
+        if traced is not None:
+            traced.append((((req.req_id, prompt),), ((req.req_id, 0),), ()))
         rows += 1
         t = p_end
         if waiting:  # the next request arrives during this prompt step
@@ -225,6 +230,12 @@ def span_run(s: Scheduler, now: float, until_s: float, run_times: Callable[..., 
                     chunks.append((n - last, m, m, 0, m, 0, m, 0))
                 if last:
                     chunks.append((1, m, m, 0, m, 0, m - len(done), 1 if arrive else 0))
+                if traced is not None:
+                    batch = tuple((reqs[gg].req_id, 1) for gg in live)
+                    if n > last:
+                        traced.append((batch, (), ()))
+                    if last:
+                        traced.append((batch, (), tuple(sorted(reqs[gg].req_id for gg in done))))
                 rows += n
                 d += n
                 t = float(piece[n])
@@ -255,8 +266,8 @@ def span_run(s: Scheduler, now: float, until_s: float, run_times: Callable[..., 
     if delay is None:
         return None
     plan = _Plan(rows, d, reqs, start, end, first, c, k, joined, ops, pieces, durs, chunks,
-                 pop_rows, fins, free0)
-    run = _apply(s, plan, m0, delay, straddled, taken)
+                 pop_rows, fins, free0, traced)
+    run = _apply(s, plan, m0, now, delay, straddled, taken)
     if cut_at is not None:
         s._cut_at = cut_at
     if taken:
@@ -295,14 +306,15 @@ class _Plan:
     """What span_run planned (see there)."""
 
     __slots__ = ("rows", "steps", "reqs", "start", "end", "first", "c", "k", "joined", "ops",
-                 "pieces", "durs", "chunks", "pop_rows", "fins", "free0")
+                 "pieces", "durs", "chunks", "pop_rows", "fins", "free0", "traced")
 
     def __init__(self, *values: Any) -> None:
         for name, value in zip(self.__slots__, values):
             setattr(self, name, value)
 
 
-def _apply(s: Scheduler, p: _Plan, m0: int, delay: float, straddled: bool, taken: int) -> DecodeRun:
+def _apply(s: Scheduler, p: _Plan, m0: int, now: float, delay: float, straddled: bool, taken: int
+           ) -> DecodeRun:
     """Phases 2 and 3 of the module docstring: the plan applied, the run with its records."""
     rb = s.running
     kv = s.kv
@@ -448,6 +460,19 @@ def _apply(s: Scheduler, p: _Plan, m0: int, delay: float, straddled: bool, taken
         "evictions_total": None if evictions is None else np.asarray(evictions)[()],
         "swap_s": None,
         "kv_external_frag_slots": None if frag is None else np.asarray(frag)[()]}
+    trace_rows = None
+    if p.traced is not None:  # the step trace's rows (StepTrace.decode_run), as the loop's
+        trace_rows = []
+        t_s, kv_usage = starts.tolist(), usage.tolist()
+        t_s[0] = now  # (the loop's env.now: SimPy's int 0 at the start, which JSON writes as 0)
+        row = 0
+        for n, (batch, admits, done) in zip(lens, p.traced):
+            for q in range(n):
+                trace_rows.append({"t_s": t_s[row], "scheduled": [list(x) for x in batch],
+                                   "preempted": [], "admitted": [list(x) for x in admits],
+                                   "finished": list(done) if q == n - 1 else [],
+                                   "kv_usage": kv_usage[row]})
+                row += 1
     return DecodeRun(delay, np.append(starts, row_end[-1]), [RunPart(None, None, None, finished, R)],
                      straddles=straddled, columns=columns, gaps=gaps, gaps_per_step=decode,
-                     taken=taken)
+                     taken=taken, trace_rows=trace_rows)
