@@ -62,10 +62,12 @@ class Lookahead:
         self.last_f = 0.0
         self.traced = False  # the replica keeps a step trace: spans make its rows (DecodeRun.trace_rows)
 
-    def landing(self, last_f: float, t: float) -> float:
-        """Where the feed's timeout for an arrival at `t` lands after one at SimPy time
-        `last_f` (the step loop's `env.timeout(t - env.now)`; no wait if t <= last_f)."""
-        return last_f + (t - last_f) if t > last_f else last_f
+
+
+def landing(last: float, t: float) -> float:
+    """The SimPy time of an arrival at `t` whose feed last woke at `last`: where its
+    `env.timeout(t - last)` lands (an ulp off t at times), or `last` (no wait) if t <= last."""
+    return last + (t - last) if t > last else last
 
 
 def _accept_all(req: Any) -> bool:

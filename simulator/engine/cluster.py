@@ -122,9 +122,10 @@ class Cluster:
 
     def count_taken(self, n: int) -> None:
         """n arrivals that the only replica admitted itself (advance.Lookahead): counted as
-        routed to it (it counted them as arrived)."""
+        routed to it and as arrived there, as `submit` counts them."""
         self.num_arrived += n
         self.routed[0] += n
+        self.replicas[0].num_arrived += n
 
     def close(self) -> None:
         for rep in self.replicas:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 import simpy
 
-from simulator.engine.advance import ArrivalClock, Lookahead, decode_run_fn, exact_delay
+from simulator.engine.advance import ArrivalClock, Lookahead, decode_run_fn, exact_delay, landing
 from simulator.engine.costmodel import CostModel
 from simulator.engine.protocols import Batch, SchedulerInterface, SchedulerStats
 from simulator.engine.steptrace import StepTrace
@@ -144,8 +144,6 @@ class Replica:
                 run = sched.decode_run(env.now, clock.next_s, self._decode_run_times,
                                        straddle=self.solo, step_time=step_time, ahead=self._ahead)
                 if run is not None:
-                    if run.taken:  # (arrivals it admitted itself: the feed skips them)
-                        self.num_arrived += run.taken
                     self._run_ended(run)
                     if self.on_busy is not None:
                         self.on_busy(env.now + run.delay)
@@ -371,41 +369,35 @@ def feed_arrivals(env: simpy.Environment, workload: RequestArrays, target,
     With `clock.ahead` (a replica alone), a run may admit the arrivals ahead itself: the feed,
     woken at the first one's time, counts them (`target.count_taken`) and goes on after the
     last, its next timeout landing where it would have landed after submitting them one by one
-    (Lookahead.last_f)."""
+    (from Lookahead.last_f, `landing`)."""
     make = request_maker(workload)
     n = len(workload)
     ahead = None if clock is None else clock.ahead
-    if ahead is None:
-        arrival = workload.arrival_s
-        for i in range(n):
-            t = float(arrival[i])
-            if t > env.now:
-                if clock is not None:  # (where SimPy lands the timeout: an ulp off t at times)
-                    clock.next_s = env.now + (t - env.now)
+    times = workload.arrival_s.tolist() if ahead is None else ahead.times
+    last = env.now  # the SimPy time of the last arrival submitted (or a run admitted)
+    i = 0
+    while i < n:
+        t = times[i]
+        land = landing(last, t)
+        if clock is not None:
+            clock.next_s = land
+        if land > env.now:
+            if last == env.now:
                 yield env.timeout(t - env.now)
-            target.submit(make(i))
-    else:
-        times = ahead.times
-        i = 0
-        while i < n:
-            t = times[i]
-            land = clock.next_s = ahead.landing(ahead.last_f, t)
-            if land > env.now:
-                if ahead.last_f == env.now:
-                    yield env.timeout(t - env.now)
-                else:  # after arrivals a run admitted (the run checked the delay exists)
-                    delay = exact_delay(env.now, land)
-                    if delay is None:
-                        raise RuntimeError(f"feed: no SimPy delay lands on {land!r} from {env.now!r}")
-                    yield env.timeout(delay)
+            else:  # after arrivals a run admitted (the run checked the delay exists)
+                delay = exact_delay(env.now, land)
+                if delay is None:
+                    raise RuntimeError(f"feed: no SimPy delay lands on {land!r} from {env.now!r}")
+                yield env.timeout(delay)
+        if ahead is not None:
             if ahead.next_i > i:  # a run admitted arrivals i..next_i - 1 while the feed waited
                 target.count_taken(ahead.next_i - i)
-                i = ahead.next_i
+                i, last = ahead.next_i, ahead.last_f
                 continue
-            ahead.next_i = i + 1
-            ahead.last_f = env.now
-            target.submit(make(i))
-            i += 1
+            ahead.next_i, ahead.last_f = i + 1, env.now
+        last = env.now
+        target.submit(make(i))
+        i += 1
     if clock is not None:
         clock.next_s = math.inf
     target.close()

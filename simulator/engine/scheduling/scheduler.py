@@ -946,13 +946,7 @@ class Scheduler:
         rb = self.running
         m = rb.m
         num_new = req.num_tokens
-        # (m + 1 > the budget: the decodes after the step do not all fit one step, decode_run's
-        # own precondition; the loop takes it)
-        if (req.num_computed_tokens or req.num_output_tokens or req.num_preemptions
-                or req.output_tokens <= 1 or num_new > self.max_num_batched_tokens
-                or m >= self.max_num_seqs or m + 1 > self.max_num_batched_tokens
-                or self.kv_holding or self.watched_finishes
-                or self.delay_free_blocks or (m and not (self._decoding or self._all_decodes(m)))):
+        if not (self._opens_alone(m) and self._admits_alone(req, m)):
             return None
         # _summarise_prompts' shape of one prompt with nothing computed (n = t, c = 0)
         shape = StepShape(num_new, 1, float(num_new * num_new + num_new) / 2.0, num_new, 1, num_new, -1)
@@ -989,6 +983,23 @@ class Scheduler:
         run.prompt = (now, duration, batch, stats)
         self._decoding = True  # (the prompt step's request decodes next: it makes > 1 output)
         return run
+
+    def _opens_alone(self, m: int) -> bool:
+        """Whether a prompt step of one request admitted alone may open a run now (beside the m
+        running requests): nothing outside watches the finishes or holds blocks, and the m are
+        all decodes."""
+        return not (self.kv_holding or self.watched_finishes or self.delay_free_blocks
+                    or (m and not (self._decoding or self._all_decodes(m))))
+
+    def _admits_alone(self, req: Request, m: int) -> bool:
+        """Whether the loop's prompt step would admit `req` alone, whole, beside m running
+        decodes, the step making its first output only: a fresh request (nothing computed, no
+        output, never preempted) making more than one output, its prompt within the budget,
+        under the sequence cap, and the m + 1 decodes after it in one step (else the loop takes
+        them: decode_run's own precondition). The free blocks are the caller's to check."""
+        return not (req.num_computed_tokens or req.num_output_tokens or req.num_preemptions
+                    or req.output_tokens <= 1 or req.num_tokens > self.max_num_batched_tokens
+                    or m >= self.max_num_seqs or m + 1 > self.max_num_batched_tokens)
 
     def _decode_run_through(self, now: float, until_s: float, run_times: Callable[..., np.ndarray],
                             max_steps: int, straddle: bool, room: int, start: float | None = None,

@@ -35,11 +35,12 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from simulator.engine.advance import DecodeRun, Lookahead, RunPart, exact_delay
+from simulator.engine.advance import DecodeRun, Lookahead, RunPart, exact_delay, landing
 from simulator.engine.costmodel import StepShape
 from simulator.engine.scheduling.running import NUM_OUT, TOKENS
 from simulator.workload.request import Status
@@ -64,17 +65,13 @@ def span_run(s: Scheduler, now: float, until_s: float, run_times: Callable[..., 
     times = ahead.times
     n_arr = len(times)
     ai = ahead.next_i  # the next arrival the feed would submit (its SimPy time is until_s)
-    if (req is None or len(queue) != 1 or req.num_computed_tokens or req.num_output_tokens
-            or req.num_preemptions or s.kv_holding or s.watched_finishes or s.delay_free_blocks
-            or kv.decode_stamps or (m0 and not (s._decoding or s._all_decodes(m0)))
-            or until_s != (ahead.landing(ahead.last_f, times[ai]) if ai < n_arr else math.inf)):
+    if (req is None or len(queue) != 1 or kv.decode_stamps or not s._opens_alone(m0)
+            or until_s != (landing(ahead.last_f, times[ai]) if ai < n_arr else math.inf)):
         return None
     free0 = free = kv.decode_room()
     if free is None:
         return None
     bs = kv.block_size
-    budget = s.max_num_batched_tokens
-    max_seqs = s.max_num_seqs
     comp0, cap0 = rb.computed_and_capacity_lists(m0)
     # members g: the running requests (slot g), then those admitted, in order. Member g decodes
     # in decode steps start[g] .. end[g] - 1 (it finishes at the end of end[g] - 1), with c[g]
@@ -120,12 +117,11 @@ def span_run(s: Scheduler, now: float, until_s: float, run_times: Callable[..., 
         m = len(live)
         prompt = req.num_tokens
         need = -(-prompt // bs)
-        if (req.output_tokens <= 1 or prompt > budget or m >= max_seqs or m + 1 > budget
-                or need > free):
+        if need > free or not s._admits_alone(req, m):
             if opening:
                 return None
             break  # (the last step straddles its arrival: the loop takes it)
-        after = A if opening else (ahead.landing(A, times[ai + 1]) if ai + 1 < n_arr else math.inf)
+        after = A if opening else (landing(A, times[ai + 1]) if ai + 1 < n_arr else math.inf)
         dur = step_time(StepShape(prompt, 1, float(prompt * prompt + prompt) / 2.0, prompt, 1,
                                   prompt, -1)) + 0.0
         p_end = t + dur
@@ -295,22 +291,34 @@ def _next(ahead: Lookahead, ai: int, A: float, row_end: float, f_first: float):
     if ai >= n or not A < row_end:
         return None
     if ai + 1 < n:
-        after = ahead.landing(A, times[ai + 1])
+        after = landing(A, times[ai + 1])
         if not after > row_end or exact_delay(f_first, after) is None:
             return None
     req = ahead.make(ai)
     return req if ahead.accept(req) else None
 
 
+@dataclass(slots=True)
 class _Plan:
-    """What span_run planned (see there)."""
+    """What span_run planned (its locals of the same names)."""
 
-    __slots__ = ("rows", "steps", "reqs", "start", "end", "first", "c", "k", "joined", "ops",
-                 "pieces", "durs", "chunks", "pop_rows", "fins", "free0", "traced")
-
-    def __init__(self, *values: Any) -> None:
-        for name, value in zip(self.__slots__, values):
-            setattr(self, name, value)
+    rows: int
+    steps: int  # decode steps
+    reqs: list
+    start: list[int]
+    end: list[int]
+    first: list[int]
+    c: list[int]
+    k: list[int]
+    joined: list[tuple[int, int, float, int]]
+    ops: list[tuple]
+    pieces: list[Any]
+    durs: list[Any]
+    chunks: list[tuple]
+    pop_rows: list[int]
+    fins: list[tuple[int, int, int]]
+    free0: int
+    traced: list[tuple] | None
 
 
 def _apply(s: Scheduler, p: _Plan, m0: int, now: float, delay: float, straddled: bool, taken: int
@@ -338,20 +346,15 @@ def _apply(s: Scheduler, p: _Plan, m0: int, now: float, delay: float, straddled:
     gaps = step_gap.repeat(m_dec)
     if D:
         gaps[:m0] = dec_end[0] - rb.last_token[:m0]
-        offset = np.cumsum(m_dec).tolist()
-        by_start: dict[int, int] = {}  # members joining at each decode step, seen so far
-        joins_at: dict[int, int] = {}
-        for g, _, _, _ in p.joined:
-            joins_at[p.start[g]] = joins_at.get(p.start[g], 0) + 1
-        for g, _, p_end, _ in p.joined:
+        ends_at = np.cumsum(m_dec).tolist()  # one past each decode step's entries
+        # those joining at decode step sd are its last entries, in admission order: the last
+        # one admitted is the step's last entry
+        back: dict[int, int] = {}
+        for g, _, p_end, _ in reversed(p.joined):
             sd = p.start[g]
-            if sd >= D:
-                continue
-            idx = by_start.get(sd, 0)
-            by_start[sd] = idx + 1
-            # (those joining at sd are the last in slot order at sd)
-            pos = offset[sd] - joins_at[sd] + idx
-            gaps[pos] = dec_end[sd] - p_end
+            if sd < D:
+                back[sd] = back.get(sd, 0) + 1
+                gaps[ends_at[sd] - back[sd]] = dec_end[sd] - p_end
     # the free blocks after each row: the blocks taken (prompts, decode steps), those freed
     delta = np.zeros(R, np.int64)
     slack = np.zeros(R, np.int64)  # the change of sum(capacity - computed) of the running
@@ -425,17 +428,15 @@ def _apply(s: Scheduler, p: _Plan, m0: int, now: float, delay: float, straddled:
                 finished.append(req)
     if gone:
         rb.remove_slots(sorted(gone))
-    p_ends = {g: p_end for g, _, p_end, _ in p.joined}
-    for g, _, _, _ in p.joined:
+    for g, _, p_end, _ in p.joined:
         if p.end[g] <= D:  # finished in the span
             continue
-        req = reqs[g]
         ran = D - p.start[g]
-        slot = rb.append(req, 0, p.k[g] + bs * _taken(p.first[g], D, bs))
+        slot = rb.append(reqs[g], 0, p.k[g] + bs * _taken(p.first[g], D, bs))
         rb.computed[slot] = p.c[g] + ran
         rb.tokens[slot] += 1 + ran
         rb.num_out[slot] = 1 + ran
-        rb.last_token[slot] = dec_end[D - 1] if ran else p_ends[g]
+        rb.last_token[slot] = dec_end[D - 1] if ran else p_end
     last_prompt = bool(prefill[-1])
     kv.now = float(starts[-1])
     s._admitted = []
