@@ -551,26 +551,26 @@ class Scheduler:
         if reach is None or len(reach) != m:
             reach = c + n
         sampled = reach >= rb.tokens[:m]
-        num_seqs = _nnz(n)
+        num_seqs = int(_nnz(n))
         scheduled = None  # None: every running request is scheduled
         if num_seqs < m:
             scheduled = n.astype(bool)  # n > 0 (n >= 0)
             sampled &= scheduled
-        num_sampled = _nnz(sampled)
+        num_sampled = int(_nnz(sampled))
         x = rb.cols[:N + 1, :m]  # ones, c, n
         (_, c_sum, t), (_, _, c_n), (_, _, n_n) = x.dot(x.T).tolist()  # exact integer sums
         w = self.window_tokens
         if t == num_sampled == m:
             # every request samples and the m tokens are one each (n == 1 everywhere): the
             # general sums below in fewer numpy calls (n @ c = sum c, n @ (n + 1) = 2 m)
-            decodes = _nnz(rb.num_out[:m])
+            decodes = int(_nnz(rb.num_out[:m]))
             attn_pairs = float(c_sum) + float(2 * m) / 2.0
             kv_tokens = c_sum + m
             window = int(np.minimum(reach, w).sum()) if w else -1
         else:
             one = n == ones
             one &= sampled
-            decodes = _nnz(rb.num_out[:m][one])
+            decodes = int(_nnz(rb.num_out[:m][one]))
             attn_pairs = float(c_n) + float(n_n + t) / 2.0  # n @ (n + 1), exact
             if scheduled is None:
                 kv_tokens = c_sum + t
