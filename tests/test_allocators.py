@@ -101,7 +101,7 @@ class PagedMachine(RuleBasedStateMachine):
         assert len(held) == len(set(held))  # no block in two tables (no sharing without caching)
         assert not free & set(held)
         assert len(free) + len(held) == self.kv.pool.num_blocks - 1
-        assert all(self.kv.pool.ref_cnt[b] == 1 for b in held)
+        assert len(free) == len(self.kv.pool.free_queue)  # no block free twice
         for rid, t in self.tokens.items():
             assert len(self.kv.req_to_blocks[rid]) == -(-t // 4)
 
@@ -111,69 +111,57 @@ TestPagedMachine.settings = settings(max_examples=60, stateful_step_count=40, de
 
 
 def test_unhashed_pool_pops_and_frees_in_lru_order():
-    """The array-backed pool (no prefix caching) hands out exactly BlockPool(lru)'s ids."""
+    """The list-backed pool (no prefix caching) hands out exactly BlockPool(lru)'s ids."""
     import random
 
     from simulator.engine.kvcache.block_pool import BlockPool, UnhashedBlockPool
     rng = random.Random(7)
     ref, fast = BlockPool(41, "lru"), UnhashedBlockPool(41)
-    held: list[tuple[list[int], object]] = []  # (a table, the array it began as or None)
+    held: list[list[int]] = []
     for _ in range(600):
         r = rng.random()
         if held and (r < 0.4 or ref.num_free_blocks == 0):
-            blocks, head = held.pop(rng.randrange(len(held)))
+            blocks = held.pop(rng.randrange(len(held)))
             ref.free_blocks(blocks[::-1])
-            if head is not None or rng.random() < 0.5:  # a request's table (PagedAllocator.free)
-                fast.free_table(blocks, head)
+            if rng.random() < 0.5:  # a request's table (PagedAllocator.free)
+                fast.free_table(blocks)
             else:
                 fast.free_blocks(blocks[::-1])
         elif held and r < 0.6:  # a table grows at its end (decoding, later chunks)
-            blocks = held[rng.randrange(len(held))][0]
-            n = rng.randint(0, ref.num_free_blocks)
+            blocks = held[rng.randrange(len(held))]
+            n = rng.choice([0, 1, rng.randint(0, ref.num_free_blocks)])
             a, b = ref.get_new_blocks(n), fast.get_new_blocks(n)
             assert a == b
             blocks += a
         else:
-            n = rng.randint(0, ref.num_free_blocks)
-            a = ref.get_new_blocks(n)
-            if rng.random() < 0.5:  # a new table with its array (get_new_table)
-                b, head = fast.get_new_table(n)
-                assert head.tolist() == b
-            else:
-                b, head = fast.get_new_blocks(n), None
+            n = rng.choice([0, 1, rng.randint(0, ref.num_free_blocks)])
+            a, b = ref.get_new_blocks(n), fast.get_new_blocks(n)
             assert a == b
-            held.append((a, head))
+            held.append(a)
         assert ref.free_queue.order() == fast.free_queue.order()
-        assert list(ref.ref_cnt) == fast.ref_cnt.tolist()
-    for blocks, _ in held:
+        assert ref.num_free_blocks == fast.num_free_blocks
+    with pytest.raises(ValueError, match="asked for 41 blocks, 40 free"):
+        UnhashedBlockPool(41).get_new_blocks(41)
+    for blocks in held:
         fast.free_blocks(blocks[::-1])
     assert fast.num_free_blocks == 40
-    table, head = fast.get_new_table(3)
-    fast.free_table(table, head)
-    for free in (fast.free_blocks, fast.free_table, lambda t: fast.free_table(table, head)):
-        try:
+    for free in (fast.free_blocks, fast.free_table):  # every block is free: one more is twice
+        with pytest.raises(AssertionError, match="freed twice"):
             free([1])
-        except AssertionError as e:
-            assert "freed twice" in str(e)
-        else:
-            raise AssertionError("a double free must raise")
 
 
-def test_paged_tables_kept_as_arrays_free_as_their_lists(monkeypatch):
-    """A new table kept with the array it was taken as (UnhashedBlockPool.get_new_table) goes
-    back by free_table(table, head) to the same free order as the list alone gives: every
-    table keeps its array here (floor 1), grows at its end (decoding, later chunks) and is
-    freed; against the list-backed BlockPool(lru) (no array tables), same ids throughout."""
+def test_paged_tables_are_blockpools_without_caching():
+    """PagedAllocator without prefix caching (the list-backed UnhashedBlockPool) gives the
+    tables, capacities and free order of the same allocator over the general BlockPool(lru):
+    random admissions, growth (decoding, later chunks) and frees."""
     import random
 
-    import simulator.engine.kvcache.paged as paged
-    from simulator.engine.kvcache.block_pool import BlockPool
-    monkeypatch.setattr(paged, "_HEAD_MIN_BLOCKS", 1)
+    from simulator.engine.kvcache.block_pool import BlockPool, UnhashedBlockPool
     rng = random.Random(11)
     fast = PagedAllocator(num_blocks=200, block_size=4)
     ref = PagedAllocator(num_blocks=200, block_size=4)
-    ref.pool, ref._array_tables = BlockPool(200, "lru"), False
-    assert fast.pool.array_tables and not ref.pool.array_tables
+    ref.pool = BlockPool(200, "lru")
+    assert isinstance(fast.pool, UnhashedBlockPool)
     tokens: dict[int, int] = {}
     for step in range(1500):
         if tokens and rng.random() < 0.35:
@@ -196,7 +184,6 @@ def test_paged_tables_kept_as_arrays_free_as_their_lists(monkeypatch):
                 tokens[step] = n
         assert fast.req_to_blocks == ref.req_to_blocks
         assert fast.pool.free_queue.order() == ref.pool.free_queue.order()
-    assert fast._heads.keys() == tokens.keys()
 
 
 @pytest.mark.parametrize("caching", [False, True])

@@ -23,11 +23,6 @@ import numpy as np
 from simulator.config.registry import Registry
 from simulator.engine.kvcache.eviction import EVICTION_POLICIES
 
-try:  # NOTE: np.count_nonzero's C function, without its Python wrapper (~0.6 us a call, hot path)
-    from numpy._core.multiarray import count_nonzero as _nnz
-except ImportError:  # numpy < 2
-    _nnz = np.count_nonzero
-
 
 class BlockPool:
     def __init__(self, num_blocks: int, eviction: str = "lru",
@@ -122,12 +117,9 @@ class BlockPool:
         if first:
             self.free_queue.prepend(first)
 
-    array_tables = False  # (no get_new_table: free_table converts the table itself)
-
-    def free_table(self, table: list[int], head: np.ndarray | None = None) -> None:
+    def free_table(self, table: list[int]) -> None:
         """A request's blocks released, its table given in order (first block first): the
-        tail first, as vLLM frees them (free_blocks of the table reversed). (`head`: not used
-        here, see UnhashedBlockPool.free_table.)"""
+        tail first, as vLLM frees them (free_blocks of the table reversed)."""
         self.free_blocks(table[::-1])
 
     @property
@@ -138,42 +130,41 @@ class BlockPool:
 class FreeStack:
     """The `lru` free queue of a pool whose blocks never carry a hash (no prefix caching): every
     freed block goes to the head, so the queue is a stack over the initial FIFO. Kept as one
-    intp array whose *end* is the head; popping n blocks or prepending a request's blocks is a
-    slice, not a Python loop (NOTE: intp, not int32: numpy indexes by an intp array without
-    converting it, ~4x faster on the ref counts, every step). Pops in exactly the order `LRU`
-    pops (tests/test_allocators.py)."""
+    Python list whose *end* is the head: popping n blocks is a slice and a delete, a request's
+    release one extend (no per-block Python loop, no numpy conversion: the ids go straight from
+    and to the tables, which are lists). Pops in exactly the order `LRU` pops
+    (tests/test_allocators.py)."""
 
     def __init__(self, block_ids: range) -> None:
-        self._stack = np.array(block_ids[::-1], np.intp)  # head (next to reuse) last
-        self._top = len(self._stack)
+        self._stack: list[int] = list(block_ids[::-1])  # head (next to reuse) last
 
     def __len__(self) -> int:
-        return self._top
+        return len(self._stack)
 
     def __contains__(self, block_id: int) -> bool:
-        return bool((self._stack[:self._top] == block_id).any())
+        return block_id in self._stack
 
     def order(self) -> list[int]:
         """Current eviction order, head first (tests and debugging)."""
-        return self._stack[:self._top][::-1].tolist()
+        return self._stack[::-1]
 
-    def prepend_many(self, block_ids: np.ndarray) -> None:
+    def prepend_many(self, block_ids: list[int]) -> None:
         """block_ids[0] becomes the head, block_ids[1] next, ... (LRU.prepend)."""
-        self.push_many(block_ids[::-1])
+        self._stack.extend(reversed(block_ids))
 
-    def push_many(self, block_ids: np.ndarray) -> None:
+    def push_many(self, block_ids: list[int]) -> None:
         """block_ids[-1] becomes the head, block_ids[-2] next, ... (a table as it is)."""
-        top = self._top
-        self._stack[top:top + len(block_ids)] = block_ids
-        self._top = top + len(block_ids)
+        self._stack.extend(block_ids)
 
 
 class UnhashedBlockPool:
     """BlockPool for `lru` without prefix caching (PagedAllocator picks it, `make_block_pool`):
-    no block is ever hashed, so nothing is cached or evicted and the free queue is a FreeStack.
-    Allocation and release cost a few numpy calls per request, not per block; same block ids in
-    the same order as BlockPool. Ref counts are a numpy array (0 or 1: nothing is shared);
-    no eviction policy runs here, so no per-block access times or hit counts are kept."""
+    no block is ever hashed, so nothing is cached, shared or evicted and the free queue is a
+    FreeStack. Allocation and release are a slice or an extend per request, not a loop per
+    block; same block ids in the same order as BlockPool. No ref counts (nothing is shared: a
+    block is held by the one table it went to), no access times or hit counts (no eviction
+    policy runs here). A block freed twice shows as more free blocks than the pool has
+    (checked at every release); the allocator frees a table once (it pops it)."""
 
     num_evictions = 0
 
@@ -182,15 +173,13 @@ class UnhashedBlockPool:
             raise ValueError(f"a block pool needs >= 2 blocks (one is the null block), got {num_blocks}")
         self.num_blocks = num_blocks
         self.now = 0.0
-        self.ref_cnt = np.zeros(num_blocks, np.int32)
-        self.ref_cnt[0] = 1  # null block, permanently held
-        self.block_hash: list[int | None] = [None] * num_blocks
         self.free_queue = FreeStack(range(1, num_blocks))
+        self._free = self.free_queue._stack  # (the list itself: every allocation)
         self.evicted_idle_s = array("d")
 
     @property
     def num_free_blocks(self) -> int:
-        return self.free_queue._top
+        return len(self._free)
 
     def get_cached_block(self, block_hash: int) -> int | None:
         return None
@@ -202,71 +191,40 @@ class UnhashedBlockPool:
         raise AssertionError("an unhashed pool does not cache blocks (prefix caching is off)")
 
     def get_new_blocks(self, n: int) -> list[int]:
-        """The n head blocks (head first), held: one slice of the stack, one ref-count write."""
-        out = self._take(n).tolist()
+        """The n head blocks (head first), held: the stack's last n, reversed."""
+        free = self._free
+        if n > len(free):
+            raise ValueError(f"asked for {n} blocks, {len(free)} free")
+        if n == 1:  # (a decode step's new block: the common case)
+            return [free.pop()]
+        if n <= 0:
+            return []
+        out = free[-n:]
+        del free[-n:]
         out.reverse()
         return out
-
-    def _take(self, n: int) -> np.ndarray:
-        """The n head blocks held and popped: the stack's slice, head last (a view of slots
-        that later frees write again)."""
-        fq = self.free_queue
-        top = fq._top
-        if n > top:
-            raise ValueError(f"asked for {n} blocks, {top} free")
-        low = top - n
-        taken = fq._stack[low:top]
-        self.ref_cnt[taken] = 1
-        fq._top = low
-        return taken
 
     keeps_access_times = False  # (a decode run need not find its blocks' times)
 
     def stamp_access(self, block_ids: list[int], times: np.ndarray) -> None:
         """No policy reads access times here (BlockPool keeps them)."""
 
-    def free_blocks(self, ordered_blocks) -> None:
+    def free_blocks(self, ordered_blocks: list[int]) -> None:
         """BlockPool.free_blocks: every block reaching ref count 0 goes to the head, in order
-        (every held block has ref count 1 here, so all of them do)."""
-        if not len(ordered_blocks):
-            return
-        b = np.fromiter(ordered_blocks, np.intp, len(ordered_blocks))  # (faster than np.array)
-        self._release(b)
-        self.free_queue.prepend_many(b)
+        (every held block has one holder here, so all of them do)."""
+        self.free_queue.prepend_many(ordered_blocks)
+        self._check_release()
 
-    def _release(self, b: np.ndarray) -> None:
-        """Held blocks `b` to ref count 0 (a block not held was freed twice: raises)."""
-        if _nnz(self.ref_cnt[b]) < len(b):
-            raise AssertionError(f"block {int(b[self.ref_cnt[b] == 0][0])} freed twice")
-        self.ref_cnt[b] = 0
-
-    # the pool hands out new tables with their blocks as an array too (`get_new_table`)
-    array_tables = True
-
-    def get_new_table(self, n: int) -> tuple[list[int], np.ndarray]:
-        """get_new_blocks(n), and the same blocks as an array: a table that began as them goes
-        back by free_table(table, head) without converting them again (~160 blocks an arXiv
-        prompt: the list's conversion was ~5 us of each request's free)."""
-        head = self._take(n)[::-1].copy()  # (a copy: the stack's slots are written again by frees)
-        return head.tolist(), head
-
-    def free_table(self, table: list[int], head: np.ndarray | None = None) -> None:
+    def free_table(self, table: list[int]) -> None:
         """free_blocks(table[::-1]) (BlockPool.free_table): the table's last block becomes the
-        head, so the stack takes the table as it is (no reversal, either way). `head`: the
-        table's first blocks as the array get_new_table gave (the table began as them and only
-        grew at its end since)."""
-        n = len(table)
-        if not n:
-            return
-        if head is None:
-            b = np.fromiter(table, np.intp, n)
-        elif len(head) == n:
-            b = head
-        else:
-            rest = table[len(head):]
-            b = np.concatenate((head, np.fromiter(rest, np.intp, len(rest))))
-        self._release(b)
-        self.free_queue.push_many(b)
+        head, so the stack takes the table as it is (no reversal, either way)."""
+        self._free.extend(table)
+        self._check_release()
+
+    def _check_release(self) -> None:
+        if len(self._free) >= self.num_blocks:
+            raise AssertionError(f"{len(self._free)} blocks free in a pool of {self.num_blocks - 1}: "
+                                 "a block was freed twice")
 
     @property
     def usage(self) -> float:

@@ -27,12 +27,6 @@ from simulator.engine.kvcache.prefix import BlockHasher
 from simulator.engine.protocols import KVContext, KVStats
 from simulator.workload.request import Request
 
-# a new table of at least this many blocks keeps the array it was taken as (UnhashedBlockPool.
-# get_new_table), so its free converts only what it grew by: below, the copy and the free's
-# concatenation cost more than converting the list (callgrind: W2, whose first chunks are
-# <= 32 blocks, +1 % instructions without this floor; W4, prompts of ~160 blocks, -2.6 %)
-_HEAD_MIN_BLOCKS = 64
-
 
 @ALLOCATORS.register("paged")
 def build_paged(ctx: KVContext) -> PagedAllocator:
@@ -57,10 +51,6 @@ class PagedAllocator(PoolClock):
         self.hasher = BlockHasher(block_size, prefix_chunk_tokens)
         self._num_cached: dict[int, int] = {}  # req_id -> how many of its blocks are hashed
         self._pending_hits: dict[int, list[int]] = {}  # lookup result awaiting allocate_slots
-        # req_id -> the array its table began as, if >= _HEAD_MIN_BLOCKS blocks (pools with
-        # `array_tables`: free_table's head)
-        self._heads: dict[int, np.ndarray] = {}
-        self._array_tables = self.pool.array_tables
         self.prefix_queries = 0  # tokens looked up (vLLM's prefix_cache_queries)
         self.prefix_hits = 0  # tokens found (vLLM's prefix_cache_hits)
         # decode_gauges' (used slots, usage) by free-block count, made at the first run
@@ -125,10 +115,7 @@ class PagedAllocator(PoolClock):
                 return None
             if hits:
                 pool.touch(hits)
-            if blocks is None and need >= _HEAD_MIN_BLOCKS and self._array_tables and not hits:
-                new, self._heads[rid] = pool.get_new_table(need)
-            else:
-                new = pool.get_new_blocks(need) if need > 0 else []
+            new = pool.get_new_blocks(need) if need > 0 else []
             if blocks is None:
                 blocks = self.req_to_blocks[rid] = hits + new if hits else new
                 self._num_cached[rid] = len(hits)
@@ -165,42 +152,33 @@ class PagedAllocator(PoolClock):
 
     def _allocate_many(self, reqs: list[Request], num_new: list[int],
                        num_computed: list[int]) -> list[int]:
-        """allocate_slots_many's blocks: a first loop finds what each request needs (the first
-        the free blocks cannot serve stops it), the blocks are popped at once, and a second loop
-        hands them out in order; a request with no table yet gets one (even if it takes no
-        block). Returns the capacities of those served."""
+        """allocate_slots_many's blocks: in order, each request takes the blocks it lacks from
+        the pool (the first the free blocks cannot serve stops it); a request with no table yet
+        gets one (even if it takes no block). Returns the capacities of those served."""
         bs = self.block_size
         tables = self.req_to_blocks
-        room = free = self.pool.num_free_blocks
+        take = self.pool.get_new_blocks
+        free = self.pool.num_free_blocks
         caps = []
-        grow = []  # (table or None, request, blocks it takes) of those to update
         for req, n, c in zip(reqs, num_new, num_computed):
-            table = tables.get(req.req_id)
             blocks = -(-(c + n) // bs)
-            need = blocks - len(table) if table else blocks
-            if need > 0:
+            table = tables.get(req.req_id)
+            if table is None:
+                if blocks > free:
+                    break
+                free -= blocks
+                tables[req.req_id] = take(blocks)
+                self._num_cached[req.req_id] = 0
+            else:
+                need = blocks - len(table)
+                if need <= 0:  # holds what it needs (or more)
+                    caps.append(len(table) * bs)
+                    continue
                 if need > free:
                     break
                 free -= need
-                grow.append((table, req, need))
-                caps.append(blocks * bs)
-            else:  # holds what it needs (or more)
-                if table is None:
-                    grow.append((None, req, 0))
-                caps.append((blocks - need) * bs)
-        total = room - free
-        new = self.pool.get_new_blocks(total) if total else []
-        pos = 0
-        for table, req, need in grow:
-            if table is None:
-                table = tables[req.req_id] = []
-                self._num_cached[req.req_id] = 0
-            if need == 1:
-                table.append(new[pos])
-                pos += 1
-            elif need:
-                table.extend(new[pos:pos + need])
-                pos += need
+                table += take(need)
+            caps.append(blocks * bs)
         return caps
 
     def _cache_full_blocks(self, req: Request, blocks: list[int], num_tokens: int) -> None:
@@ -222,9 +200,8 @@ class PagedAllocator(PoolClock):
         blocks = self.req_to_blocks.pop(req.req_id, None)
         self._num_cached.pop(req.req_id, None)
         self._pending_hits.pop(req.req_id, None)
-        head = self._heads.pop(req.req_id, None)
         if blocks:
-            self.pool.free_table(blocks, head)
+            self.pool.free_table(blocks)
 
     # --- event-level advance (engine/advance.py) ------------------------------------------
     def decode_room(self) -> int | None:
