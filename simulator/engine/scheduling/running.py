@@ -23,6 +23,7 @@ taken at an earlier version is followed to where it is now (`slots_now`).
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 
 import numpy as np
 
@@ -99,7 +100,7 @@ class RunningBatch:
     def computed_and_capacity(self, m: int) -> tuple[int, int]:
         """(sum of computed tokens, sum of KV capacity) over the first m requests: one dot
         product of the two rows (exact integers)."""
-        sums = self.cols[_COMPUTED_CAPACITY, :m] @ self.ones[:m]
+        sums = self.cols[_COMPUTED_CAPACITY, :m].dot(self.ones[:m])  # (~0.3 us under `@`)
         return sums.item(0), sums.item(1)
 
     def computed_and_capacity_lists(self, m: int) -> list[list[int]]:
@@ -128,9 +129,8 @@ class RunningBatch:
         if not deps or deps[0][0] > version + 1:
             return None
         alive = None
-        for made, gone in deps:
-            if made <= version:
-                continue
+        # each departure made one version: those since `version` are the last self.version - version
+        for made, gone in islice(deps, len(deps) - (self.version - version), None):
             if type(gone) is int:  # (one left: the common case)
                 out = slots == gone
                 slots = slots - (slots > gone)
