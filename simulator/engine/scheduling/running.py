@@ -130,7 +130,7 @@ class RunningBatch:
             return None
         alive = None
         # each departure made one version: those since `version` are the last self.version - version
-        for made, gone in islice(deps, len(deps) - (self.version - version), None):
+        for _, gone in islice(deps, len(deps) - (self.version - version), None):
             if type(gone) is int:  # (one left: the common case)
                 out = slots == gone
                 slots = slots - (slots > gone)
