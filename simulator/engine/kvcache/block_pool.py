@@ -152,10 +152,6 @@ class FreeStack:
         """block_ids[0] becomes the head, block_ids[1] next, ... (LRU.prepend)."""
         self._stack.extend(reversed(block_ids))
 
-    def push_many(self, block_ids: list[int]) -> None:
-        """block_ids[-1] becomes the head, block_ids[-2] next, ... (a table as it is)."""
-        self._stack.extend(block_ids)
-
 
 class UnhashedBlockPool:
     """BlockPool for `lru` without prefix caching (PagedAllocator picks it, `make_block_pool`):
@@ -163,8 +159,11 @@ class UnhashedBlockPool:
     FreeStack. Allocation and release are a slice or an extend per request, not a loop per
     block; same block ids in the same order as BlockPool. No ref counts (nothing is shared: a
     block is held by the one table it went to), no access times or hit counts (no eviction
-    policy runs here). A block freed twice shows as more free blocks than the pool has
-    (checked at every release); the allocator frees a table once (it pops it)."""
+    policy runs here). NOTE: with no per-block state the pool cannot tell a block freed twice
+    from any other free block; it catches one only once the free blocks outnumber the pool
+    (checked at every release). PagedAllocator.free pops a table before it frees it, so the
+    allocator never frees one twice; BlockPool (prefix caching, other policies) keeps the
+    exact check with its ref counts."""
 
     num_evictions = 0
 
@@ -234,7 +233,8 @@ class UnhashedBlockPool:
 def make_block_pool(num_blocks: int, eviction: str = "lru", eviction_params: dict | None = None,
                     hashing: bool = True) -> BlockPool | UnhashedBlockPool:
     """The pool a KV manager uses: UnhashedBlockPool when no block will ever be hashed under
-    `lru` (same order, numpy speed), else BlockPool with the eviction policy."""
+    `lru` (same order, list slices instead of a loop per block), else BlockPool with the
+    eviction policy."""
     if not hashing and eviction == "lru" and not eviction_params:
         return UnhashedBlockPool(num_blocks)
     return BlockPool(num_blocks, eviction, eviction_params)

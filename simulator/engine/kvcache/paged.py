@@ -40,7 +40,7 @@ class PagedAllocator(PoolClock):
                  eviction: str = "lru", eviction_params: dict | None = None,
                  prefix_chunk_tokens: int = 512) -> None:
         self.block_size = block_size
-        # without prefix caching no block is hashed: an array-backed pool (same ids, same order)
+        # without prefix caching no block is hashed: a list-backed pool (same ids, same order)
         self.pool = make_block_pool(num_blocks, eviction, eviction_params, enable_prefix_caching)
         # whether take_decode_blocks reads its step times (the pool keeps access times)
         self.decode_stamps = self.pool.keeps_access_times
