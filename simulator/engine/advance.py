@@ -63,7 +63,6 @@ class Lookahead:
         self.traced = False  # the replica keeps a step trace: spans make its rows (DecodeRun.trace_rows)
 
 
-
 def landing(last: float, t: float) -> float:
     """The SimPy time of an arrival at `t` whose feed last woke at `last`: where its
     `env.timeout(t - last)` lands (an ulp off t at times), or `last` (no wait) if t <= last."""

@@ -370,10 +370,10 @@ def feed_arrivals(env: simpy.Environment, workload: RequestArrays, target,
     woken at the first one's time, counts them (`target.count_taken`) and goes on after the
     last, its next timeout landing where it would have landed after submitting them one by one
     (from Lookahead.last_f, `landing`)."""
-    make = request_maker(workload)
     n = len(workload)
     ahead = None if clock is None else clock.ahead
-    times = workload.arrival_s.tolist() if ahead is None else ahead.times
+    make, times = ((request_maker(workload), workload.arrival_s.tolist()) if ahead is None
+                   else (ahead.make, ahead.times))
     last = env.now  # the SimPy time of the last arrival submitted (or a run admitted)
     i = 0
     while i < n:

@@ -217,14 +217,20 @@ class Scheduler:
 
     def admit(self, req: Request, num_computed: int, capacity: int, now: float) -> int:
         slot = self.running.append(req, num_computed, capacity)
+        self._started(req, num_computed, now)
+        self._admitted.append((req.req_id, num_computed))
+        return slot
+
+    def _started(self, req: Request, num_computed: int, now: float) -> None:
+        """`req` starts running at `now` with num_computed tokens cached: its queue told,
+        RUNNING, its first schedule and cached tokens kept from its first admission (`admit`,
+        and a span's admissions, which join the running batch only at its end)."""
         self.queue.on_run(req)
         req.status = Status.RUNNING
         if req.first_scheduled_s < 0:
             req.first_scheduled_s = now
         if req.num_cached_tokens < 0:
             req.num_cached_tokens = num_computed
-        self._admitted.append((req.req_id, num_computed))
-        return slot
 
     def _preempt(self, i: int, now: float) -> Request:
         """Swap the victim's KV to CPU when a swap space has room (it keeps its computed
@@ -1264,7 +1270,11 @@ class Scheduler:
         """The running request at slot i finishes at `now`: written back, FINISHED, its queue
         told, its KV freed unless the caller keeps it (P/D's delayed free); `_finish_slots`
         compresses the running batch afterwards (one pass for all who finish in the step)."""
-        req = self.running.write_back(i)
+        return self._finished(self.running.write_back(i), now, free)
+
+    def _finished(self, req: Request, now: float, free: bool = True) -> Request:
+        """`req`, its counters written back, finishes at `now` (`_finish_slot`, and a span's
+        admissions that finish before it ends, never in the running batch)."""
         req.finish_s = now
         req.status = Status.FINISHED
         self.queue.on_stop(req)

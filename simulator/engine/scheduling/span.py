@@ -43,13 +43,11 @@ import numpy as np
 from simulator.engine.advance import DecodeRun, Lookahead, RunPart, exact_delay, landing
 from simulator.engine.costmodel import StepShape
 from simulator.engine.scheduling.running import NUM_OUT, TOKENS
-from simulator.workload.request import Status
 
 if TYPE_CHECKING:
     from simulator.engine.scheduling.scheduler import Scheduler
 
 _accumulate = np.add.accumulate
-_ZERO = np.int64(0)
 
 
 def span_run(s: Scheduler, now: float, until_s: float, run_times: Callable[..., np.ndarray],
@@ -402,12 +400,7 @@ def _apply(s: Scheduler, p: _Plan, m0: int, now: float, delay: float, straddled:
             cap = kv.allocate_slots(req, p.c[g], 0, full_sequence_must_fit=s.reserve_full_isl)
             if cap != p.k[g]:
                 raise AssertionError(f"span: request {req.req_id} got {cap} slots, planned {p.k[g]}")
-            queue.on_run(req)
-            req.status = Status.RUNNING
-            if req.first_scheduled_s < 0:
-                req.first_scheduled_s = t0
-            if req.num_cached_tokens < 0:
-                req.num_cached_tokens = 0
+            s._started(req, 0, t0)
             req.first_token_s = t1
         else:
             _, done, t0, t1 = op
@@ -421,11 +414,7 @@ def _apply(s: Scheduler, p: _Plan, m0: int, now: float, delay: float, straddled:
                 req.num_computed_tokens = p.c[g] + p.end[g] - p.start[g]
                 req.num_output_tokens = req.output_tokens
                 req.last_token_s = t1
-                req.finish_s = t1
-                req.status = Status.FINISHED
-                queue.on_stop(req)
-                kv.free(req)
-                finished.append(req)
+                finished.append(s._finished(req, t1))
     if gone:
         rb.remove_slots(sorted(gone))
     for g, _, p_end, _ in p.joined:
@@ -449,18 +438,10 @@ def _apply(s: Scheduler, p: _Plan, m0: int, now: float, delay: float, straddled:
         s._pure = True
         s._quiet = not (p.fins and p.fins[-1][0] == R - 1)
         s._gaps = gaps[-int(m_dec[-1]):]
-    queries, hits = stats.prefix_queries, stats.prefix_hits
-    evictions, frag = stats.num_evictions, stats.external_frag_slots
-    columns = {
-        "start_s": starts, "duration_s": durations, "num_seqs": seqs, "num_tokens": tokens,
-        "prefill_tokens": prefill, "decode_tokens": decode, "num_preempted": _ZERO,
-        "num_admitted": admitted, "num_running": running, "num_waiting": waiting,
-        "kv_used_slots": used, "kv_usage": usage, "kv_tokens_stored": stored, "num_sampled": seqs,
-        "prefix_queries_total": None if queries is None else np.asarray(queries)[()],
-        "prefix_hits_total": None if hits is None else np.asarray(hits)[()],
-        "evictions_total": None if evictions is None else np.asarray(evictions)[()],
-        "swap_s": None,
-        "kv_external_frag_slots": None if frag is None else np.asarray(frag)[()]}
+    # a decode run's columns, with the prompt steps' tokens, admissions and waiting
+    columns = s._run_columns(starts, durations, seqs, running, used, usage, stored, stats)
+    columns.update(num_tokens=tokens, prefill_tokens=prefill, decode_tokens=decode,
+                   num_admitted=admitted, num_waiting=waiting)
     trace_rows = None
     if p.traced is not None:  # the step trace's rows (StepTrace.decode_run), as the loop's
         trace_rows = []
